@@ -1,0 +1,200 @@
+"""`POST /v1/chat/completions`: parse, convert, call the engine, wrap the result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from llmd.api.sse import sse_response
+from llmd.engine.client import EngineClient, GenerationStream
+from llmd.engine.types import SamplingParams
+from llmd.errors import ClientDisconnected, InvalidRequest, ModelNotFound, UnsupportedParameter
+from llmd.protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    Delta,
+    Usage,
+)
+
+_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionMeta:
+    """What every chunk or response of one completion repeats."""
+
+    id: str
+    created: int
+    model: str
+    prompt_tokens: int
+
+
+@post("/v1/chat/completions", status_code=200)
+async def create_chat_completion(request: Request) -> Response[ChatCompletion] | Stream:
+    """Generate a chat completion, streamed as SSE when `stream` is true."""
+    engine: EngineClient = request.app.state.engine
+    body = parse_body(await request.body())
+    check_model(body.model, request.app.state.model_id)
+    prompt_ids = await engine.encode_chat(to_template_messages(body.messages))
+    params = to_sampling_params(body, engine.check_context(len(prompt_ids), requested_max_tokens(body)))
+    meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
+    stream = engine.submit(prompt_ids, params)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return sse_response(stream_chunks(stream, meta, include_usage))
+    return Response(await complete_unless_disconnected(request, stream, meta))
+
+
+def parse_body(raw: bytes) -> ChatCompletionRequest:
+    """Decode and validate the JSON body; every failure names the offending param."""
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if body.stream_options is not None and not body.stream:
+        raise InvalidRequest("`stream_options` is only allowed when `stream` is true", param="stream_options")
+    return body
+
+
+def validation_error(message: str) -> InvalidRequest:
+    """Turn a msgspec validation message into a 400 that names the param."""
+    text, _, where = message.partition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    unknown = re.match(r"Object contains unknown field `(?P<field>[^`]+)`", text)
+    if unknown:
+        param = ".".join(p for p in (path, unknown["field"]) if p)
+        return UnsupportedParameter(f"`{param}` is not supported by llmd", param=param)
+    missing = re.match(r"Object missing required field `(?P<field>[^`]+)`", text)
+    if missing:
+        param = ".".join(p for p in (path, missing["field"]) if p)
+        return InvalidRequest(f"`{param}` is required", param=param)
+    if not path:
+        return InvalidRequest(f"invalid request body: {text}")
+    return InvalidRequest(f"invalid value for `{path}`: {text}", param=path)
+
+
+def check_model(requested: str, served: str) -> None:
+    """Refuse a model name this daemon does not serve."""
+    if requested != served:
+        raise ModelNotFound(f"The model `{requested}` does not exist; this server serves `{served}`", param="model")
+
+
+def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: role and plain-text content."""
+    return [
+        {"role": m.role, "content": message_text(m, i)} | ({"name": m.name} if m.name else {})
+        for i, m in enumerate(messages)
+    ]
+
+
+def message_text(message: ChatMessage, index: int) -> str:
+    """The text of one message; only text content parts are accepted."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            param = f"messages[{index}].content[{j}].type"
+            raise UnsupportedParameter(f"content part type `{part.type}` is not supported; send text", param=param)
+    return "".join(part.text or "" for part in message.content)
+
+
+def requested_max_tokens(body: ChatCompletionRequest) -> int | None:
+    """`max_completion_tokens` wins over the deprecated `max_tokens`."""
+    return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+
+
+def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+    """Engine sampling parameters from the request, with OpenAI's defaults."""
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(0, body.top_k or 0),
+        seed=body.seed,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        stop=stop,
+    )
+
+
+async def stream_chunks(
+    stream: GenerationStream, meta: CompletionMeta, include_usage: bool
+) -> AsyncIterator[ChatCompletionChunk]:
+    """Role chunk, one chunk per step with new text, the finish chunk, then usage."""
+    with stream:
+        yield chunk(meta, Delta(role="assistant", content=""))
+        async for event in stream:
+            if event.text:
+                yield chunk(meta, Delta(content=event.text))
+            if event.finish_reason is not None:
+                yield chunk(meta, Delta(), event.finish_reason.value)
+        if include_usage:
+            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=usage(meta, stream))
+
+
+def chunk(meta: CompletionMeta, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
+    """A chunk with a single choice."""
+    choice = ChunkChoice(0, delta, None, finish_reason)
+    return ChatCompletionChunk(meta.id, [choice], meta.created, meta.model)
+
+
+def usage(meta: CompletionMeta, stream: GenerationStream) -> Usage:
+    """Token accounting for a finished stream."""
+    completion = stream.completion_tokens
+    return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion)
+
+
+async def complete_unless_disconnected(
+    request: Request, stream: GenerationStream, meta: CompletionMeta
+) -> ChatCompletion:
+    """Collect the whole completion, aborting it if the client goes away first."""
+    with stream:
+        collect = asyncio.ensure_future(collect_completion(stream, meta))
+        gone = asyncio.ensure_future(wait_for_disconnect(request))
+        try:
+            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not collect.done():
+            collect.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collect
+            raise ClientDisconnected("the client disconnected before the completion was ready")
+        return collect.result()
+
+
+async def collect_completion(stream: GenerationStream, meta: CompletionMeta) -> ChatCompletion:
+    """All of a stream's text as one `chat.completion`."""
+    parts: list[str] = []
+    finish_reason = "stop"
+    async for event in stream:
+        parts.append(event.text)
+        if event.finish_reason is not None:
+            finish_reason = event.finish_reason.value
+    message = AssistantMessage("assistant", "".join(parts))
+    choice = Choice(0, message, None, finish_reason)
+    return ChatCompletion(meta.id, [choice], meta.created, meta.model, usage(meta, stream))
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    """Return once the client has closed the connection."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

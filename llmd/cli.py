@@ -1,0 +1,175 @@
+"""`llmd serve | demo-model | bench`: wires settings → profile → engine → app → uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from llmd.config import Profile, Settings, load_profile, load_settings
+from llmd.errors import EXIT_CONFIG, ConfigError
+
+log = logging.getLogger("llmd")
+
+DEMO_MODEL_ID = "llmd-demo"
+DEMO_SIZE = "small"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `llmd` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except ConfigError as exc:
+        print(f"llmd: configuration error: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per job."""
+    parser = argparse.ArgumentParser(prog="llmd", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_serve_command(commands.add_parser("serve", help="serve a model over the OpenAI API"))
+    add_demo_model_command(commands.add_parser("demo-model", help="write the offline demo model"))
+    bench = commands.add_parser("bench", help="measure streaming latency and throughput")
+    from llmd import bench as bench_module
+
+    bench_module.add_arguments(bench)
+    bench.set_defaults(run=bench_module.run)
+    return parser
+
+
+def add_serve_command(parser: argparse.ArgumentParser) -> None:
+    """Flags of `llmd serve`; each overrides the same key of `--config`."""
+    parser.add_argument("--config", type=Path, help="settings YAML file")
+    parser.add_argument("--model", help="model directory or local HF cache id (default: demo model)")
+    parser.add_argument("--served-model-name", help="the model id clients send (default: from --model)")
+    parser.add_argument("--profile", help="shipped profile name or profile YAML path (default: cpu)")
+    parser.add_argument("--host", help="bind address (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port (default: 8000)")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(run=run_serve)
+
+
+def add_demo_model_command(parser: argparse.ArgumentParser) -> None:
+    """Flags of `llmd demo-model`."""
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--size", choices=["tiny", "small", "medium"], default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(run=run_demo_model)
+
+
+def run_demo_model(args: argparse.Namespace) -> int:
+    """Write a demo model directory."""
+    from llmd.demo_model import build_demo_model
+
+    path = build_demo_model(args.directory, args.size, args.seed)
+    print(f"wrote {args.size} demo model to {path}")
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Load settings and profile, then serve until a signal or a fatal engine error."""
+    overrides = {k: getattr(args, k) for k in ("model", "served_model_name", "profile", "host", "port", "log_level")}
+    settings = load_settings(args.config, overrides)
+    configure_logging(settings.log_level)
+    profile = load_profile(settings.profile)
+    model_dir, model_id = resolve_model(settings)
+    return asyncio.run(serve(settings, profile, model_dir, model_id))
+
+
+def resolve_model(settings: Settings) -> tuple[str, str]:
+    """The model to load and the id clients address it by; builds the demo model if needed."""
+    if settings.model is None:
+        from llmd.demo_model import ensure_demo_model
+
+        log.info("no --model given: serving the built-in %s demo model", DEMO_SIZE)
+        return str(ensure_demo_model(DEMO_SIZE)), settings.served_model_name or DEMO_MODEL_ID
+    model_id = settings.served_model_name or settings.model.rstrip("/").split("/")[-1]
+    return settings.model, model_id
+
+
+async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str) -> int:
+    """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
+    import uvicorn
+
+    from llmd.api.app import create_app
+    from llmd.engine.client import EngineClient
+
+    DaemonServer = daemon_server_class()  # noqa: N806 - a class made at run time
+    engine = EngineClient(model_dir, profile, context_limit(model_dir, profile))
+    server = DaemonServer(uvicorn.Config(
+        create_app(engine, settings, model_id),
+        host=settings.host, port=settings.port, log_level=settings.log_level,
+        access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+    ))
+    await engine.start()
+    watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
+    log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",
+             model_dir, model_id, settings.host, settings.port, profile.name)
+    try:
+        await server.serve()
+    finally:
+        watcher.cancel()
+        await engine.shutdown()
+    return 1 if engine.failed is not None and engine.failed.done() else 0
+
+
+def daemon_server_class() -> type:
+    """uvicorn's Server, except that a drained shutdown on SIGTERM/SIGINT exits 0.
+
+    uvicorn re-raises the caught signal after shutting down, so the process would die
+    "by signal"; a daemon that drained cleanly should report success to systemd.
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+async def stop_on_engine_failure(engine: object, server: object) -> None:
+    """Shut the server down if the worker could not load the model."""
+    exc = await asyncio.shield(engine.failed)  # type: ignore[attr-defined]
+    log.error("model failed to load: %s", exc)
+    server.should_exit = True  # type: ignore[attr-defined]
+
+
+def context_limit(model_dir: str, profile: Profile) -> int:
+    """The profile's max context, capped by the model's position limit."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    limit = getattr(config, "max_position_embeddings", None) or profile.max_context
+    return min(profile.max_context, int(limit))
+
+
+def configure_logging(level: str) -> None:
+    """Plain one-line records on stderr (journald adds its own timestamps)."""
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

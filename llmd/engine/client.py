@@ -1,0 +1,183 @@
+"""The async facade the API layer uses: `generate`, `abort`, readiness and stats.
+
+It owns the asyncio side of every request: a queue of `TokenEvent`s filled from the
+worker thread with `loop.call_soon_threadsafe`, the admission bound, and the abort in
+`finally` that frees a vanished client's slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from llmd.config import Profile
+from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
+from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+
+if TYPE_CHECKING:
+    from llmd.engine.tokenizer import ChatTokenizer
+    from llmd.engine.worker import EngineWorker
+
+log = logging.getLogger("llmd.engine")
+
+
+class EngineClient:
+    """Submits requests to the one worker and streams their events back."""
+
+    def __init__(self, model_dir: str | Path, profile: Profile, max_context: int) -> None:
+        self.profile = profile
+        self.max_context = max_context
+        self._model_dir = model_dir
+        # Imported here so the API layer (and its unit tests) import without torch.
+        from llmd.engine.worker import EngineWorker, WorkerHooks
+
+        self._worker: EngineWorker = EngineWorker(model_dir, profile, WorkerHooks(
+            deliver=self._deliver_from_worker,
+            on_ready=self._ready_from_worker,
+            on_fatal=self._fatal_from_worker,
+        ))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._ids = itertools.count()
+        self._tokenizer: ChatTokenizer | None = None
+        self._recent_seconds = 1.0
+        self.ready = asyncio.Event()
+        self.failed: asyncio.Future[BaseException] | None = None
+
+    async def start(self) -> None:
+        """Start loading in the worker; returns at once (see `ready` and `failed`)."""
+        self._loop = asyncio.get_running_loop()
+        self.failed = self._loop.create_future()
+        from llmd.engine.tokenizer import ChatTokenizer
+
+        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._model_dir)
+        self._worker.start()
+
+    async def shutdown(self) -> None:
+        """Stop the worker thread."""
+        await asyncio.to_thread(self._worker.stop, 10.0)
+
+    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt ids for chat messages, rendered off the event loop."""
+        assert self._tokenizer is not None, "start() first"
+        return await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The completion budget for this prompt; raises when it cannot fit."""
+        room = self.max_context - prompt_tokens
+        if max_tokens is None and room >= 1:
+            return room
+        if max_tokens is not None and max_tokens <= room:
+            return max_tokens
+        asked = prompt_tokens + (max_tokens or 1)
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {self.max_context} tokens. However, you "
+            f"requested {asked} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens or 1} in the completion). Please reduce the length of the messages "
+            "or completion.",
+            param="messages",
+        )
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
+        """Admit a request and hand it to the worker; raises `Overloaded` when full.
+
+        Use the returned stream as a context manager: leaving it before the last event
+        (disconnect, error, cancellation) aborts the request in the worker.
+        """
+        self._admit()
+        request_id = f"req-{next(self._ids)}"
+        stream = GenerationStream(self, request_id)
+        self._streams[request_id] = stream.events
+        self._worker.submit(Request(request_id, prompt_ids, params))
+        return stream
+
+    def _close(self, stream: GenerationStream) -> None:
+        del self._streams[stream.request_id]
+        if not stream.done:
+            self._worker.abort(stream.request_id)
+        elapsed = time.monotonic() - stream.started
+        self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * elapsed
+
+    def stats(self) -> EngineStats:
+        """The worker's counters."""
+        return self._worker.stats()
+
+    def _admit(self) -> None:
+        if not self.ready.is_set():
+            raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
+        capacity = self.profile.max_running + self.profile.max_queue
+        if len(self._streams) >= capacity:
+            raise Overloaded(
+                f"the server is at capacity ({capacity} requests running or waiting); retry later",
+                retry_after=self._retry_after(),
+                code="queue_full",
+            )
+
+    def _retry_after(self) -> int:
+        """Seconds until a slot is likely free: queue depth times recent request time."""
+        waiting = max(0, len(self._streams) - self.profile.max_running)
+        return math.ceil(self._recent_seconds * (1 + waiting / self.profile.max_running))
+
+    def _deliver_from_worker(self, batch: list[tuple[str, TokenEvent]]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch, batch)
+
+    def _dispatch(self, batch: list[tuple[str, TokenEvent]]) -> None:
+        for request_id, event in batch:
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(event)
+
+    def _ready_from_worker(self) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self.ready.set)
+
+    def _fatal_from_worker(self, exc: BaseException) -> None:
+        assert self._loop is not None and self.failed is not None
+        self._loop.call_soon_threadsafe(self.failed.set_result, exc)
+
+
+class GenerationStream:
+    """The events of one submitted request, in order; an async iterator and a context manager."""
+
+    def __init__(self, client: EngineClient, request_id: str) -> None:
+        self.request_id = request_id
+        self.events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.started = time.monotonic()
+        self.completion_tokens = 0
+        self.done = False
+        self._client = client
+        self._closed = False
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.done:
+            raise StopAsyncIteration
+        event = await self.events.get()
+        self.completion_tokens = event.completion_tokens
+        self.done = event.finish_reason is not None or event.error is not None
+        if event.error is not None:
+            raise EngineFailure(event.error)
+        return event
+
+    def close(self) -> None:
+        """Stop listening; aborts the request if it has not finished."""
+        if not self._closed:
+            self._closed = True
+            self._client._close(self)
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

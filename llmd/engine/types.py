@@ -1,0 +1,89 @@
+"""Plain data shared by the engine and the API layer: no torch, no web framework."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life; exactly one state at a time."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+class FinishReason(enum.Enum):
+    """Why generation ended, as OpenAI names it."""
+
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling; `temperature == 0` means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling reduces to argmax."""
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        """True when presence or frequency penalties change the logits."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request, owned by the worker once submitted."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return len(self.prompt_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What one engine step produced for one request, as delivered to its client.
+
+    `text` may be empty (a character still incomplete); `finish_reason` is set on the
+    last event of a request, `error` on an event that ends it with a failure.
+    """
+
+    text: str
+    completion_tokens: int
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's counters."""
+
+    steps: int
+    running: int
+    waiting: int
+    finished: int
+    aborted: int
+    generated_tokens: int

@@ -1,0 +1,198 @@
+"""The one thread that touches the model: admit, prefill, decode, detokenize, deliver.
+
+Everything model-side happens here, in a loop of steps. Other threads only hand in
+requests and aborts through `submit`/`abort`; results leave through `deliver`, called
+once per step with every request's event of that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llmd.config import Profile
+from llmd.engine.detokenizer import OutputText
+from llmd.engine.runner import ModelRunner
+from llmd.engine.scheduler import Scheduler
+from llmd.engine.tokenizer import ChatTokenizer
+from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
+
+log = logging.getLogger("llmd.engine")
+
+Delivery = Callable[[list[tuple[str, TokenEvent]]], None]
+WARMUP_TOKENS = 4
+
+
+@dataclass(slots=True)
+class WorkerHooks:
+    """How the worker reports back: per-step events, readiness, and a fatal load error."""
+
+    deliver: Delivery
+    on_ready: Callable[[], None]
+    on_fatal: Callable[[BaseException], None]
+
+
+class EngineWorker:
+    """Runs the step loop on its own thread; thread-safe `submit`, `abort`, `stop`."""
+
+    def __init__(self, model_dir: str | Path, profile: Profile, hooks: WorkerHooks) -> None:
+        self.model_dir = model_dir
+        self.profile = profile
+        self.hooks = hooks
+        self.scheduler = Scheduler(profile.max_running)
+        self._inbox: deque[Request | str] = deque()
+        self._wakeup = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
+        self._outputs: dict[str, OutputText] = {}
+        self.steps = self.generated_tokens = self.finished = self.aborted = 0
+        self.runner: ModelRunner | None = None
+        self.tokenizer: ChatTokenizer | None = None
+        self.eos_token_ids: frozenset[int] = frozenset()
+
+    def start(self) -> None:
+        """Start the thread: load, warm up, then serve steps until `stop`."""
+        self._thread.start()
+
+    def submit(self, request: Request) -> None:
+        """Hand a request to the worker (any thread)."""
+        self._post(request)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the worker to drop a request before its next step (any thread)."""
+        self._post(request_id)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the step loop and wait for the thread."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the counters (read without locking; each is one int)."""
+        return EngineStats(
+            steps=self.steps,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            finished=self.finished,
+            aborted=self.aborted,
+            generated_tokens=self.generated_tokens,
+        )
+
+    def _post(self, item: Request | str) -> None:
+        with self._wakeup:
+            self._inbox.append(item)
+            self._wakeup.notify()
+
+    def _run(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:
+            log.exception("model load failed")
+            self.hooks.on_fatal(exc)
+            return
+        self.hooks.on_ready()
+        while self._wait_for_work():
+            self._step()
+
+    def _load(self) -> None:
+        started = time.perf_counter()
+        self.runner = ModelRunner(self.model_dir, self.profile)
+        self.tokenizer = ChatTokenizer(self.model_dir)
+        self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
+        log.info("model loaded in %.2f s", time.perf_counter() - started)
+        started = time.perf_counter()
+        self._warm_up()
+        log.info("warm-up done in %.2f s", time.perf_counter() - started)
+
+    def _warm_up(self) -> None:
+        assert self.runner is not None and self.tokenizer is not None
+        prompt = self.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
+        request = Request("warmup", prompt, SamplingParams(max_tokens=WARMUP_TOKENS))
+        self.runner.prefill(request)
+        for _ in range(WARMUP_TOKENS):
+            self.runner.decode([request])
+        self.runner.release(request.request_id)
+
+    def _wait_for_work(self) -> bool:
+        with self._wakeup:
+            while not self._inbox and not self.scheduler.has_work and not self._stopping:
+                self._wakeup.wait()
+            if self._stopping:
+                return False
+            items = list(self._inbox)
+            self._inbox.clear()
+        for item in items:
+            self._admit_or_abort(item)
+        return True
+
+    def _admit_or_abort(self, item: Request | str) -> None:
+        if isinstance(item, Request):
+            assert self.tokenizer is not None
+            self._outputs[item.request_id] = OutputText(
+                self.tokenizer, item.prompt_ids, item.params.stop
+            )
+            self.scheduler.add(item)
+        elif self.scheduler.abort(item) is not None:
+            self._release(item)
+            self.aborted += 1
+
+    def _step(self) -> None:
+        assert self.runner is not None
+        plan = self.scheduler.schedule()
+        if plan.idle:
+            return
+        events: list[tuple[str, TokenEvent]] = []
+        try:
+            tokens = [self.runner.prefill(request) for request in plan.prefill]
+            tokens += self.runner.decode(plan.decode)
+        except Exception as exc:
+            log.exception("engine step failed")
+            self._fail(plan.prefill + plan.decode, exc, events)
+        else:
+            for request, token in zip(plan.prefill + plan.decode, tokens, strict=True):
+                events.append((request.request_id, self._advance(request, token)))
+        self.steps += 1
+        self.hooks.deliver(events)
+
+    def _advance(self, request: Request, token: int) -> TokenEvent:
+        request.output_ids.append(token)
+        self.generated_tokens += 1
+        output = self._outputs[request.request_id]
+        reason: FinishReason | None = None
+        if token in self.eos_token_ids:
+            text, reason = output.finish(), FinishReason.STOP
+        else:
+            text, stopped = output.push(token)
+            if stopped:
+                reason = FinishReason.STOP
+            elif len(request.output_ids) >= request.params.max_tokens:
+                text, reason = text + output.finish(), FinishReason.LENGTH
+        if reason is not None:
+            self.scheduler.finish(request, reason)
+            self._release(request.request_id)
+            self.finished += 1
+        return TokenEvent(text, len(request.output_ids), reason)
+
+    def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
+        message = f"generation failed: {type(exc).__name__}: {exc}"
+        for request in requests:
+            self.scheduler.fail(request)
+            self._release(request.request_id)
+            events.append((request.request_id, TokenEvent("", len(request.output_ids), error=message)))
+        if isinstance(exc, torch.OutOfMemoryError):
+            log.error("out of memory: lower max_running or max_context in the profile")
+
+    def _release(self, request_id: str) -> None:
+        self._outputs.pop(request_id, None)
+        if self.runner is not None:
+            self.runner.release(request_id)

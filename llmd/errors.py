@@ -1,0 +1,117 @@
+"""One exception hierarchy. Each error knows its HTTP status and its OpenAI error type.
+
+The API layer renders any `LlmdError` as `{"error": {message, type, param, code}}`; the CLI
+turns a `ConfigError` or `PreflightRefusal` into a documented exit code.
+"""
+
+from __future__ import annotations
+
+# Exit codes the CLI and the systemd unit agree on: a restart cannot fix these.
+EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h
+EXIT_PREFLIGHT = 77
+
+
+class LlmdError(Exception):
+    """Base of every error llmd raises on purpose."""
+
+    status: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers this error asks for."""
+        return {}
+
+
+class InvalidRequest(LlmdError):
+    """The request is malformed or asks for something out of range (400)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class UnsupportedParameter(InvalidRequest):
+    """An OpenAI field llmd does not implement: refused, never silently ignored."""
+
+    code = "unsupported_parameter"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """Prompt plus requested completion does not fit the context window."""
+
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(LlmdError):
+    """The request names a model this daemon does not serve (404)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class RouteNotFound(LlmdError):
+    """No such endpoint (404)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "not_found"
+
+
+class MethodNotAllowed(LlmdError):
+    """The endpoint exists but not for this HTTP method (405)."""
+
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(LlmdError):
+    """The request body exceeds the configured limit (413)."""
+
+    status = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Overloaded(LlmdError):
+    """The admission queue is full or the engine is not ready (503 + Retry-After)."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, retry_after: int, code: str = "overloaded") -> None:
+        super().__init__(message, code=code)
+        self.retry_after = max(1, min(120, retry_after))
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class ClientDisconnected(LlmdError):
+    """The client left before its completion was ready; nobody reads this (499, nginx's code)."""
+
+    status = 499
+    error_type = "invalid_request_error"
+    code = "client_disconnected"
+
+
+class EngineFailure(LlmdError):
+    """Generation failed inside the engine (500); the daemon keeps serving."""
+
+    status = 500
+    error_type = "server_error"
+    code = "engine_error"
+
+
+class ConfigError(LlmdError):
+    """Settings or a profile are invalid; names the file, the key and a fix."""
+
+    code = "config_error"

@@ -1,0 +1,154 @@
+"""OpenAI wire objects, one Struct each, fields in the order of the OpenAI API reference.
+
+No conversion logic lives here: the API layer turns these into engine parameters.
+Request Structs forbid unknown fields, so a field llmd does not implement is refused
+with a 400 naming it instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+
+
+class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
+    """One part of a multi-part message content; only `text` parts are served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
+    """A message in `messages` of a chat completion request."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """`stream_options` of a streaming request."""
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of `POST /v1/chat/completions` (the implemented subset, plus `top_k`)."""
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    model: str
+    frequency_penalty: Penalty | None = None
+    logprobs: Literal[False] | None = None
+    max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    n: Annotated[int, Meta(ge=1, le=1)] | None = None
+    presence_penalty: Penalty | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    user: str | None = None
+    # Extension shared with vLLM and llama.cpp; -1 and 0 both mean "off".
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+
+
+class Usage(msgspec.Struct):
+    """Token accounting of one completion."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(msgspec.Struct):
+    """The message of a non-streamed choice."""
+
+    role: Literal["assistant"]
+    content: str
+    refusal: None = None
+
+
+class Choice(msgspec.Struct):
+    """One choice of a `chat.completion`."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct):
+    """A non-streamed chat completion."""
+
+    id: str
+    choices: list[Choice]
+    created: int
+    model: str
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class Delta(msgspec.Struct, omit_defaults=True):
+    """The incremental message of one chunk: role first, then content pieces."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    """One choice of a `chat.completion.chunk`."""
+
+    index: int
+    delta: Delta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    """One streamed event of a chat completion."""
+
+    id: str
+    choices: list[ChunkChoice]
+    created: int
+    model: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    system_fingerprint: str | None = None
+    usage: Usage | None = None
+
+
+class Model(msgspec.Struct):
+    """An entry of `GET /v1/models`."""
+
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+
+
+class ModelList(msgspec.Struct):
+    """Body of `GET /v1/models`."""
+
+    data: list[Model]
+    object: Literal["list"] = "list"
+
+
+class ErrorDetail(msgspec.Struct):
+    """The inner object of an OpenAI error body."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    """`{"error": {...}}`, the one error shape llmd answers with."""
+
+    error: ErrorDetail

@@ -1,0 +1,171 @@
+"""The engine on the tiny real model: runner, worker thread and async client together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from llmd.config import load_profile
+from llmd.engine.client import EngineClient
+from llmd.engine.offline import InProcessDecoder
+from llmd.engine.runner import ModelRunner
+from llmd.engine.tokenizer import ChatTokenizer
+from llmd.engine.types import Request, SamplingParams
+from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+
+T = TypeVar("T")
+PROMPT = [{"role": "user", "content": "Hello there, 안녕?"}]
+
+
+def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
+    request = Request("r", prompt, greedy(64))
+    ours = [runner.prefill(request)] + [runner.decode([request])[0] for _ in range(63)]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    ids = torch.tensor([prompt])
+    reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=64, min_new_tokens=64, pad_token_id=0)
+    assert ours == reference[0, len(prompt):].tolist()
+
+
+def test_in_process_decoder_runner_and_generate_agree(tiny_model: Path) -> None:
+    decoder = InProcessDecoder(tiny_model)
+    prompt = decoder.prompt_ids(PROMPT)
+    ours = decoder.decode(prompt, 20, "runner")
+    theirs = decoder.decode(prompt, 20, "generate")
+    assert ours.token_ids == theirs.token_ids and len(ours.token_times) == 20 == len(theirs.token_times)
+    assert ours.start <= ours.token_times[0] <= ours.token_times[-1]
+
+
+def run_with_engine(tiny_model: Path, body: Callable[[EngineClient], Awaitable[T]], **profile: object) -> T:
+    """Start an engine on the tiny model, run `body`, shut the engine down."""
+    import msgspec
+
+    config = msgspec.structs.replace(load_profile("cpu"), **profile)
+
+    async def main() -> T:
+        engine = EngineClient(tiny_model, config, max_context=512)
+        await engine.start()
+        await asyncio.wait_for(engine.ready.wait(), 60)
+        try:
+            return await body(engine)
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
+
+
+async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, str]:
+    prompt = await engine.encode_chat(PROMPT)
+    with engine.submit(prompt, params) as stream:
+        events = [event async for event in stream]
+    return "".join(e.text for e in events), events[-1].finish_reason.value  # type: ignore[union-attr]
+
+
+def test_engine_stream_matches_full_decode(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        text, reason = await text_of(engine, greedy(50))
+        tokenizer = ChatTokenizer(tiny_model)
+        runner_ids = InProcessDecoder(tiny_model).decode(await engine.encode_chat(PROMPT), 50).token_ids
+        assert (text, reason) == (tokenizer.decode(runner_ids), "length")
+
+    run_with_engine(tiny_model, body)
+
+
+def test_seeded_sampling_is_reproducible_and_per_request(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        params = SamplingParams(max_tokens=30, temperature=1.0, seed=1234)
+        first = await text_of(engine, params)
+        # A concurrent unseeded request must not disturb the seeded one.
+        noise = asyncio.ensure_future(text_of(engine, SamplingParams(max_tokens=30)))
+        second = await text_of(engine, params)
+        await noise
+        assert first == second
+        assert torch.initial_seed() != 1234  # the process-global generator was never touched
+
+    run_with_engine(tiny_model, body)
+
+
+def test_abort_frees_the_slot_within_one_step(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        prompt = await engine.encode_chat(PROMPT)
+        with engine.submit(prompt, greedy(4000)) as stream:
+            async for event in stream:
+                if event.completion_tokens >= 5:
+                    break
+        steps_at_abort = engine.stats().steps
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if engine.stats().aborted == 1:
+                break
+        stats = engine.stats()
+        assert stats.aborted == 1 and stats.running == 0
+        assert stats.steps <= steps_at_abort + 1
+        assert engine._worker.runner is not None and engine._worker.runner.active_sequences == 0
+
+    run_with_engine(tiny_model, body)
+
+
+def test_requests_wait_beyond_max_running_and_overflow_is_refused(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        prompt = await engine.encode_chat(PROMPT)
+        first = engine.submit(prompt, greedy(3))
+        second = engine.submit(prompt, greedy(3))
+        with pytest.raises(Overloaded) as refused:
+            engine.submit(prompt, greedy(3))
+        assert refused.value.code == "queue_full" and 1 <= refused.value.retry_after <= 120
+        for stream in (first, second):
+            with stream:
+                assert [e.completion_tokens async for e in stream] == [1, 2, 3]
+
+    run_with_engine(tiny_model, body, max_running=1, max_queue=1)
+
+
+def test_context_check(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        assert engine.check_context(500, None) == 12
+        assert engine.check_context(500, 12) == 12
+        with pytest.raises(ContextLengthExceeded, match="512 tokens.*513"):
+            engine.check_context(500, 13)
+
+    run_with_engine(tiny_model, body)
+
+
+def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body(engine: EngineClient) -> None:
+        runner = engine._worker.runner
+        assert runner is not None
+        real_decode = runner.decode
+        calls = {"n": 0}
+
+        def flaky(requests: list[Request]) -> list[int]:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("simulated device fault")
+            return real_decode(requests)
+
+        monkeypatch.setattr(runner, "decode", flaky)
+        prompt = await engine.encode_chat(PROMPT)
+        received: list[str] = []
+        with pytest.raises(EngineFailure, match="simulated device fault"):
+            with engine.submit(prompt, greedy(20)) as stream:
+                async for event in stream:
+                    received.append(event.text)
+        assert received, "the failure came after streaming began"
+        text, reason = await text_of(engine, greedy(5))
+        assert reason == "length" and text
+
+    run_with_engine(tiny_model, body)

@@ -1,0 +1,82 @@
+"""Request bodies become engine parameters, or 400s that name the param."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmd.api.chat import parse_body, requested_max_tokens, to_sampling_params, to_template_messages
+from llmd.errors import InvalidRequest, UnsupportedParameter
+
+BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps(BASE | fields).encode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"temperature": 2.5}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"n": 2}, "n"),
+        ({"presence_penalty": 2.1}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_tokens": "ten"}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_out_of_range_or_wrong_type_names_the_param(fields: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(body(**fields))
+    assert err.value.param == param and err.value.status == 400
+
+
+@pytest.mark.parametrize("field", ["tools", "logit_bias", "response_format", "top_logprobs"])
+def test_unimplemented_openai_fields_are_refused_by_name(field: str) -> None:
+    with pytest.raises(UnsupportedParameter) as err:
+        parse_body(body(**{field: {}}))
+    assert err.value.param == field and field in err.value.message
+
+
+def test_missing_required_field() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_body(json.dumps({"messages": BASE["messages"]}).encode())
+    assert err.value.param == "model"
+
+
+def test_malformed_json() -> None:
+    with pytest.raises(InvalidRequest, match="not valid JSON"):
+        parse_body(b'{"model": ')
+
+
+def test_image_content_parts_are_refused() -> None:
+    parsed = parse_body(body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]))
+    with pytest.raises(UnsupportedParameter) as err:
+        to_template_messages(parsed.messages)
+    assert err.value.param == "messages[0].content[0].type"
+
+
+def test_text_parts_are_joined() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    parsed = parse_body(body(messages=[{"role": "user", "content": parts}]))
+    assert to_template_messages(parsed.messages) == [{"role": "user", "content": "ab"}]
+
+
+def test_sampling_params_with_openai_defaults() -> None:
+    parsed = parse_body(body(stop="END", seed=7, top_k=-1, max_tokens=5))
+    params = to_sampling_params(parsed, requested_max_tokens(parsed) or 0)
+    assert params.temperature == 1.0 and params.top_p == 1.0 and params.top_k == 0
+    assert params.stop == ("END",) and params.seed == 7 and params.max_tokens == 5
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    parsed = parse_body(body(max_tokens=5, max_completion_tokens=9))
+    assert requested_max_tokens(parsed) == 9

@@ -1,0 +1,314 @@
+"""End to end: a real `llmd serve` on loopback, the official `openai` SDK, raw httpx."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from llmd.demo_model import DEMO_TEXT
+from llmd.engine.offline import InProcessDecoder
+from tests.conftest import Daemon, start_daemon
+
+MESSAGES = [{"role": "user", "content": "Say something in Korean."}]
+
+
+def client(daemon: Daemon, **kwargs: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0, **kwargs)
+
+
+def walk(text: str) -> bool:
+    """Whether `text` is where greedy decoding of the demo model goes: the demo text, cycled."""
+    return (DEMO_TEXT * 8).startswith(text.rstrip("\ufffd"))
+
+
+def sse_events(response: httpx.Response) -> list[str]:
+    """The raw `data:` payloads of an SSE response, checking the framing as we go."""
+    body = response.read().decode()
+    assert body.endswith("\n\n")
+    events = body.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events), events[:3]
+    return [e.removeprefix("data: ") for e in events]
+
+
+def post_chat(daemon: Daemon, **fields: object) -> httpx.Response:
+    body = {"model": "tiny", "messages": MESSAGES} | fields
+    return httpx.post(f"{daemon.base_url}/chat/completions", json=body, timeout=60)
+
+
+# --- health, readiness, models -------------------------------------------------------
+
+
+def test_health_ready_and_models(daemon: Daemon) -> None:
+    assert httpx.get(f"{daemon.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{daemon.url}/ready").status_code == 200
+    models = client(daemon).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+# --- completions through the SDK -----------------------------------------------------
+
+
+def test_non_stream_greedy_walks_the_demo_text(daemon: Daemon) -> None:
+    result = client(daemon).chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=40
+    )
+    choice = result.choices[0]
+    assert choice.finish_reason == "length" and choice.message.role == "assistant"
+    assert walk(choice.message.content or "")
+    assert result.usage is not None and result.usage.completion_tokens == 40
+    assert result.usage.total_tokens == result.usage.prompt_tokens + 40
+
+
+def test_stream_equals_non_stream_for_every_length(daemon: Daemon) -> None:
+    sdk = client(daemon)
+    for max_tokens in (1, 2, 3, 5, 8, 13, 21, 34, 60):
+        full = sdk.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens)
+        chunks = list(sdk.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == full.choices[0].message.content, max_tokens
+
+
+def test_stream_shape_and_usage(daemon: Daemon) -> None:
+    chunks = list(client(daemon).chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=30, stream=True,
+        stream_options={"include_usage": True}))
+    first, *middle, finish, usage = chunks
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
+    assert all(c.choices[0].delta.content and c.choices[0].finish_reason is None for c in middle)
+    assert finish.choices[0].finish_reason == "length" and not finish.choices[0].delta.content
+    assert usage.choices == [] and usage.usage is not None and usage.usage.completion_tokens == 30
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len({(c.id, c.created, c.model) for c in chunks}) == 1
+    text = "".join(c.choices[0].delta.content or "" for c in middle)
+    assert walk(text) and "\ufffd" not in text
+
+
+def test_stop_string_ends_the_completion_and_is_not_included(daemon: Daemon) -> None:
+    sdk = client(daemon)
+    reference = sdk.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=80)
+    text = reference.choices[0].message.content or ""
+    stop = text[25:29]
+    assert len(stop) == 4 and "\ufffd" not in stop
+    expected = text[: text.index(stop)]
+    for stream in (False, True):
+        result = sdk.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=80, stop=[stop, "zzzz"], stream=stream)
+        if stream:
+            chunks = list(result)
+            got = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            got, reason = result.choices[0].message.content, result.choices[0].finish_reason
+        assert (got, reason) == (expected, "stop")
+
+
+def test_seed_gives_the_same_sample_and_different_seeds_differ(daemon: Daemon) -> None:
+    sdk = client(daemon)
+
+    def sample(seed: int) -> str:
+        result = sdk.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=1.0, max_tokens=24, seed=seed)
+        return result.choices[0].message.content or ""
+
+    assert sample(1) == sample(1)
+    assert len({sample(s) for s in range(2, 7)}) > 1
+
+
+def test_sampling_knobs_are_accepted(daemon: Daemon) -> None:
+    result = client(daemon).chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0.7, top_p=0.9, max_tokens=10, seed=3,
+        presence_penalty=1.0, frequency_penalty=0.5, extra_body={"top_k": 20})
+    assert result.usage is not None and result.usage.completion_tokens == 10
+
+
+def test_penalties_change_a_greedy_walk(daemon: Daemon) -> None:
+    plain = post_chat(daemon, temperature=0, max_tokens=60).json()["choices"][0]["message"]["content"]
+    penalized = post_chat(daemon, temperature=0, max_tokens=60, frequency_penalty=2.0, presence_penalty=2.0)
+    assert penalized.status_code == 200
+    assert penalized.json()["choices"][0]["message"]["content"] != plain or len(DEMO_TEXT) > len(plain)
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+def test_errors_arrive_as_sdk_exceptions(daemon: Daemon) -> None:
+    sdk = client(daemon)
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.chat.completions.create(model="tiny", messages=MESSAGES, temperature=3)
+    assert bad.value.body["param"] == "temperature"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as missing:
+        sdk.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as unsupported:
+        sdk.chat.completions.create(model="tiny", messages=MESSAGES, tools=[{
+            "type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert unsupported.value.body["param"] == "tools"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ],
+)
+def test_bad_fields_are_400_with_the_openai_error_shape(daemon: Daemon, fields: dict, param: str) -> None:
+    response = post_chat(daemon, **fields)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_wrong_top_level(daemon: Daemon) -> None:
+    url = f"{daemon.base_url}/chat/completions"
+    for raw in (b"{not json", b"[1, 2]", b""):
+        response = httpx.post(url, content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 400, raw
+        assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_context_length_exceeded_names_both_numbers(daemon: Daemon) -> None:
+    response = post_chat(daemon, max_tokens=100_000)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert "4096" in error["message"] and "100000" in error["message"]
+
+
+def test_oversized_body_is_413(daemon: Daemon) -> None:
+    huge = "x" * (9 * 1024 * 1024)
+    response = post_chat(daemon, messages=[{"role": "user", "content": huge}])
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+
+
+def test_unknown_route_and_wrong_method(daemon: Daemon) -> None:
+    missing = httpx.get(f"{daemon.base_url}/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(f"{daemon.base_url}/chat/completions")
+    assert wrong.status_code == 405 and "error" in wrong.json()
+
+
+def test_daemon_still_serves_after_errors(daemon: Daemon) -> None:
+    post_chat(daemon, temperature=9)
+    httpx.post(f"{daemon.base_url}/chat/completions", content=b"}")
+    assert post_chat(daemon, max_tokens=3, temperature=0).status_code == 200
+
+
+# --- exact wire format -----------------------------------------------------------------
+
+
+def test_sse_wire_format(daemon: Daemon, tiny_model: Path) -> None:
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 12, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{daemon.base_url}/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["cache-control"] == "no-cache"
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert all(set(c["choices"][0]["delta"]) == {"content"} for c in chunks[1:-1])
+    assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    # One event per generated token, except where a token leaves a character incomplete.
+    assert len(chunks) - 2 == steps_that_complete_text(tiny_model, 12)
+
+
+def steps_that_complete_text(model: Path, tokens: int) -> int:
+    """Of the first greedy tokens, how many end with all characters complete (new text)."""
+    decoder = InProcessDecoder(model)
+    ids = decoder.decode(decoder.prompt_ids(MESSAGES), tokens).token_ids
+    texts = [decoder.tokenizer.decode(ids[:k]) for k in range(tokens + 1)]
+    return sum(
+        1 for k in range(1, tokens + 1)
+        if not texts[k].endswith("\ufffd") and len(texts[k]) > len(texts[k - 1].rstrip("\ufffd"))
+    )
+
+
+def test_multibyte_characters_never_arrive_broken(daemon: Daemon) -> None:
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{daemon.base_url}/chat/completions", json=body, timeout=120) as response:
+        chunks = [json.loads(e) for e in sse_events(response)[:-1]]
+    pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks]
+    assert all("\ufffd" not in p for p in pieces[:-1])
+    text = "".join(pieces)
+    assert any("\uac00" <= ch <= "\ud7a3" for ch in text), "no Hangul in the demo walk"
+    assert any(ord(ch) > 0xFFFF for ch in text), "no emoji in the demo walk"
+
+
+# --- cancellation and admission ---------------------------------------------------------
+
+
+def wait_for(daemon: Daemon, predicate: Callable[[dict], bool], timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{daemon.url}/stats").json()
+        if predicate(stats):
+            return stats
+        time.sleep(0.02)
+    raise AssertionError(f"engine stats never matched: {stats}")
+
+
+def open_raw_request(daemon: Daemon, body: dict) -> socket.socket:
+    """Send a chat request on a bare socket, so the test can hang up whenever it likes."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
+    sock.sendall(head.encode() + payload)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_aborts_the_request_within_a_step(daemon: Daemon, stream: bool) -> None:
+    before = httpx.get(f"{daemon.url}/stats").json()
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4000, "temperature": 0, "stream": stream}
+    sock = open_raw_request(daemon, body)
+    wait_for(daemon, lambda s: s["generated_tokens"] > before["generated_tokens"] + 5)
+    if stream:
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+    sock.close()
+    after = wait_for(daemon, lambda s: s["aborted"] == before["aborted"] + 1)
+    assert after["running"] == 0 and after["finished"] == before["finished"]
+    # Nothing more is computed for it: the token counter stands still from here on.
+    time.sleep(0.2)
+    still = httpx.get(f"{daemon.url}/stats").json()
+    assert still["generated_tokens"] == after["generated_tokens"]
+    assert after["generated_tokens"] - before["generated_tokens"] < 4000
+
+
+def test_queue_full_is_503_with_retry_after(tiny_model: Path, tmp_path: Path) -> None:
+    profile = tmp_path / "one-slot.yaml"
+    profile.write_text("device: cpu\nmax_running: 1\nmax_queue: 1\n")
+    small = start_daemon(tmp_path, "--model", str(tiny_model), "--served-model-name", "tiny",
+                         "--profile", str(profile))
+    try:
+        body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4000, "stream": True}
+        url = f"{small.base_url}/chat/completions"
+        with httpx.Client(timeout=60) as http:
+            streams = [http.stream("POST", url, json=body) for _ in range(2)]
+            opened = [s.__enter__() for s in streams]
+            assert all(r.status_code == 200 for r in opened)
+            refused = httpx.post(url, json=body, timeout=30)
+            for s in streams:
+                s.__exit__(None, None, None)
+        assert refused.status_code == 503
+        assert 1 <= int(refused.headers["retry-after"]) <= 120
+        assert refused.json()["error"]["code"] == "queue_full"
+        sdk = openai.OpenAI(base_url=small.base_url, api_key="x", max_retries=0)
+        assert sdk.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2).choices
+    finally:
+        assert small.stop() == 0, small.log()
