@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
+import itertools
 import json
 import secrets
 import statistics
@@ -129,7 +130,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def gaps(times: Sequence[float]) -> list[float]:
     """Differences between successive timestamps."""
-    return [later - earlier for earlier, later in zip(times, times[1:])]
+    return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
 def chunks_per_token(chunks: int, tokens: int) -> float | None:
@@ -747,7 +748,7 @@ def _row_values(run: RunReport) -> list[Any]:
 
 def _format_row(values: Sequence[Any], label_width: int, header: bool = False) -> str:
     cells = []
-    for (name, width, spec), value in zip(COLUMNS, values):
+    for (name, width, spec), value in zip(COLUMNS, values, strict=True):
         text = "-" if value is None else (str(value) if header else spec.format(value))
         cells.append(text.ljust(label_width) if name == "run" else text.rjust(width))
     return "".join(cells).rstrip()

@@ -78,7 +78,8 @@ def run_demo_model(args: argparse.Namespace) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Load settings and profile, then serve until a signal or a fatal engine error."""
-    overrides = {k: getattr(args, k) for k in ("model", "served_model_name", "profile", "host", "port", "log_level")}
+    keys = ("model", "served_model_name", "profile", "host", "port", "log_level")
+    overrides = {key: getattr(args, key) for key in keys}
     settings = load_settings(args.config, overrides)
     configure_logging(settings.log_level)
     profile = load_profile(settings.profile)
@@ -104,7 +105,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     from llmd.api.app import create_app
     from llmd.engine.client import EngineClient
 
-    DaemonServer = daemon_server_class()  # noqa: N806 - a class made at run time
+    DaemonServer = daemon_server_class()
     engine = EngineClient(model_dir, profile, context_limit(model_dir, profile))
     server = DaemonServer(uvicorn.Config(
         create_app(engine, settings, model_id),

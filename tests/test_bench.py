@@ -157,7 +157,7 @@ def test_sse_one_byte_at_a_time_and_random_reads() -> None:
     rng = random.Random(1234)
     for _ in range(200):
         cuts = sorted(rng.sample(range(1, len(SSE_SAMPLE)), rng.randint(1, 12)))
-        pieces = [SSE_SAMPLE[a:b] for a, b in zip([0, *cuts], [*cuts, len(SSE_SAMPLE)])]
+        pieces = [SSE_SAMPLE[a:b] for a, b in zip([0, *cuts], [*cuts, len(SSE_SAMPLE)], strict=True)]
         assert _parse(pieces) == SSE_EXPECTED
 
 

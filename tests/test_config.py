@@ -24,7 +24,7 @@ def test_cpu_profile_values() -> None:
 
 
 def test_unknown_profile_name_lists_the_shipped_ones() -> None:
-    with pytest.raises(ConfigError, match="shipped profiles: .*cpu"):
+    with pytest.raises(ConfigError, match=r"shipped profiles: .*cpu"):
         load_profile("no-such-profile")
 
 

@@ -39,6 +39,30 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
     assert ours == reference[0, len(prompt):].tolist()
 
 
+def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo model's argmax barely depends on context, so compare logits, not tokens."""
+    import llmd.engine.runner as runner_module
+
+    seen: list[torch.Tensor] = []
+    real_sample = runner_module.sample
+
+    def recording_sample(logits: torch.Tensor, *args: object) -> int:
+        seen.append(logits.clone())
+        return real_sample(logits, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
+    request = Request("r", prompt, greedy(24))
+    generated = [runner.prefill(request)] + [runner.decode([request])[0] for _ in range(23)]
+    with torch.inference_mode():
+        full = runner.model(input_ids=torch.tensor([prompt + generated])).logits[0]
+    expected = full[len(prompt) - 1 : len(prompt) + 23]
+    torch.testing.assert_close(torch.stack(seen), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_in_process_decoder_runner_and_generate_agree(tiny_model: Path) -> None:
     decoder = InProcessDecoder(tiny_model)
     prompt = decoder.prompt_ids(PROMPT)
@@ -136,7 +160,7 @@ def test_context_check(tiny_model: Path) -> None:
     async def body(engine: EngineClient) -> None:
         assert engine.check_context(500, None) == 12
         assert engine.check_context(500, 12) == 12
-        with pytest.raises(ContextLengthExceeded, match="512 tokens.*513"):
+        with pytest.raises(ContextLengthExceeded, match=r"512 tokens.*513"):
             engine.check_context(500, 13)
 
     run_with_engine(tiny_model, body)
@@ -160,10 +184,11 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
         monkeypatch.setattr(runner, "decode", flaky)
         prompt = await engine.encode_chat(PROMPT)
         received: list[str] = []
-        with pytest.raises(EngineFailure, match="simulated device fault"):
-            with engine.submit(prompt, greedy(20)) as stream:
-                async for event in stream:
-                    received.append(event.text)
+        with pytest.raises(EngineFailure, match="simulated device fault"), engine.submit(
+            prompt, greedy(20)
+        ) as stream:
+            async for event in stream:
+                received.append(event.text)
         assert received, "the failure came after streaming began"
         text, reason = await text_of(engine, greedy(5))
         assert reason == "length" and text

@@ -69,7 +69,8 @@ def test_non_stream_greedy_walks_the_demo_text(daemon: Daemon) -> None:
 def test_stream_equals_non_stream_for_every_length(daemon: Daemon) -> None:
     sdk = client(daemon)
     for max_tokens in (1, 2, 3, 5, 8, 13, 21, 34, 60):
-        full = sdk.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens)
+        full = sdk.chat.completions.create(
+            model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens)
         chunks = list(sdk.chat.completions.create(
             model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True))
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

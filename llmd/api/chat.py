@@ -93,7 +93,8 @@ def validation_error(message: str) -> InvalidRequest:
 def check_model(requested: str, served: str) -> None:
     """Refuse a model name this daemon does not serve."""
     if requested != served:
-        raise ModelNotFound(f"The model `{requested}` does not exist; this server serves `{served}`", param="model")
+        message = f"The model `{requested}` does not exist; this server serves `{served}`"
+        raise ModelNotFound(message, param="model")
 
 
 def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -111,7 +112,8 @@ def message_text(message: ChatMessage, index: int) -> str:
     for j, part in enumerate(message.content):
         if part.type != "text" or part.text is None:
             param = f"messages[{index}].content[{j}].type"
-            raise UnsupportedParameter(f"content part type `{part.type}` is not supported; send text", param=param)
+            problem = f"content part type `{part.type}` is not supported; send text"
+            raise UnsupportedParameter(problem, param=param)
     return "".join(part.text or "" for part in message.content)
 
 

@@ -45,7 +45,8 @@ class InProcessDecoder:
         return self._decode_with_runner(prompt_ids, max_new_tokens)
 
     def _decode_with_runner(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeTrace:
-        request = Request("in-process", prompt_ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0))
+        params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
+        request = Request("in-process", prompt_ids, params)
         trace = DecodeTrace(time.perf_counter())
         trace.token_ids.append(self.runner.prefill(request))
         trace.token_times.append(time.perf_counter())

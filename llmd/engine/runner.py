@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
 from llmd.engine.types import Request, SamplingParams
@@ -104,14 +105,14 @@ class ModelRunner:
 
 def load_model(model_dir: str | Path, profile: Profile) -> PreTrainedModel:
     """Load the weights onto the profile's device in its dtype, ready for inference."""
+    hf_logging.disable_progress_bar()  # a progress bar per load is noise in a service log
     model = AutoModelForCausalLM.from_pretrained(
         str(model_dir),
         dtype=DTYPES[profile.dtype],
         attn_implementation=profile.attn_implementation,
     )
-    model.to(torch.device(profile.device))
+    model.to(torch.device(profile.device))  # type: ignore[arg-type]
     model.eval()
-    model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
     return model
 
 
@@ -194,8 +195,8 @@ def measure_generate(
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
     clock = _TokenClock()
     start = time.perf_counter()
-    model.generate(
+    model.generate(  # type: ignore[operator]
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens, streamer=clock,
+        min_new_tokens=max_new_tokens, streamer=clock, pad_token_id=min(generation_eos_ids(model), default=0),
     )
     return start, clock.times, clock.ids
