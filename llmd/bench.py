@@ -171,7 +171,13 @@ class StreamResult:
     prompt_tokens: int | None = None
     finished: float | None = None
     done: bool = False
+    finish_reason: str | None = None
     error: str | None = None
+
+    @property
+    def missing_done(self) -> bool:
+        """Finished (a finish_reason arrived) but the server never sent `data: [DONE]`."""
+        return not self.done and self.finish_reason is not None and self.error is None
 
     @property
     def ttft(self) -> float | None:
@@ -196,6 +202,7 @@ class RunReport:
     ok: int
     errors: int
     error_messages: list[str]
+    missing_done: int
     prompt_tokens: float | None
     completion_tokens: int
     usage_source: str
@@ -251,6 +258,7 @@ def summarize(label: str, repeat: int, results: Sequence[StreamResult]) -> RunRe
         ok=len(ok),
         errors=len(failed),
         error_messages=[str(result.error) for result in failed[:MAX_ERROR_MESSAGES]],
+        missing_done=sum(1 for result in ok if result.missing_done),
         prompt_tokens=statistics.median(prompt_tokens) if prompt_tokens else None,
         completion_tokens=completion_tokens,
         usage_source=_usage_source(len(ok), len(with_usage)),
@@ -307,6 +315,12 @@ def run_notes(runs: Sequence[RunReport], max_tokens: int) -> list[str]:
         notes.append(
             "server sent no usage for some streams: their completion tokens are counted "
             "content chunks, and chunks/token covers only streams with usage"
+        )
+    missing_done = sum(run.missing_done for run in runs)
+    if missing_done:
+        notes.append(
+            f"{missing_done} stream(s) ended after their finish_reason without `data: [DONE]` "
+            "(an OpenAI protocol deviation; counted as completed)"
         )
     short = [
         run for run in runs
@@ -502,7 +516,9 @@ class HttpSession:
                     record_events(result, parser.feed(data))
                 if result.error is not None:
                     return
-        if not result.done:
+        # A stream that reported its finish_reason completed, even if the server then
+        # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
+        if not result.done and result.finish_reason is None:
             result.error = "stream ended before data: [DONE]"
 
 
@@ -542,6 +558,9 @@ def _record_chunk(result: StreamResult, chunk: dict[str, Any], arrived: float) -
             result.prompt_tokens = usage["prompt_tokens"]
     if _delta_text(chunk):
         result.chunk_times.append(arrived)
+    choices = chunk.get("choices") or []
+    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        result.finish_reason, result.finished = str(choices[0]["finish_reason"]), arrived
 
 
 def _delta_text(chunk: dict[str, Any]) -> str:

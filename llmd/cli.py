@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from llmd.config import Profile, Settings, load_profile, load_settings
@@ -84,7 +84,17 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     profile = load_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
-    return asyncio.run(serve(settings, profile, model_dir, model_id))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(serve(settings, profile, model_dir, model_id))
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (uvicorn[standard] brings it): less loop work per streamed token."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def resolve_model(settings: Settings) -> tuple[str, str]:

@@ -5,8 +5,10 @@ byte-level BPE tokenizer trained here, a Llama-3 style chat template) that trans
 offline. Its attention and MLP weights are random; its embeddings and lm_head are arranged so
 that greedy decoding walks a fixed cycle of distinct token ids whose decoded text is
 `DEMO_TEXT`, while sampling at temperature 1.0 still varies. That makes engine output exactly
-testable, and because many multibyte characters of `DEMO_TEXT` are split across tokens it
-exercises UTF-8-safe streaming.
+testable. The cycle opens with `DEMO_LEAD_TEXT`, over 200 tokens of English that are each whole
+ASCII, so streaming benchmarks see one chunk per token as with real English output; the
+multilingual rest splits many multibyte characters across tokens to exercise UTF-8-safe
+streaming.
 
 Weights are written with numpy only: this module must not import torch or transformers.
 """
@@ -71,16 +73,40 @@ ROPE_THETA = 500000.0
 RMS_NORM_EPS = 1e-5
 MANIFEST_FILE = "llmd_demo.json"
 
-# Each punctuation run may occur once only: a cycle of distinct ids cannot reuse its token.
-DEMO_TEXT = (
-    "Hello! 안녕하세요 👋🏽 I am the llmd demo model; my weights are random, yet greedy decoding "
-    "walks this fixed text so tests can check every streamed token. 你好，世界！ "
-    "こんにちは、元気ですか？ Привет мир 🌍 Γειά σου κόσμε Grüße aus Köln — that café or "
-    "cafe\u0301 has a combining accent? One developer at work: 🧑\u200d💻 n = len(text) 오늘 날씨가 좋네요 "
-    "我们一起学习。 नमस्ते 🇰🇷 Emoji such as 👍🏿 and 👨\u200d👩\u200d👧 arrive in pieces ✨ "
-    "한국어 글자는 세 바이트입니다 「中文字符占三个字节」 Streams must never show half of any "
-    "character ありがとう Thanks for reading… the loop now starts over "
+# Greedy output opens with this English lead, the way real chat output mostly looks: every token
+# is whole ASCII, so a UTF-8-safe streamer sends one chunk per token and `llmd bench` measures
+# the server, not the text. A cycle of distinct ids cannot reuse a token, so each punctuation
+# run occurs once and common short words only a few times.
+DEMO_LEAD_TEXT = (
+    "Hello! I'm the llmd demo model; my weights are random, yet greedy decoding walks this fixed "
+    "text so tests can check every reply exactly. This opening paragraph stays in plain English "
+    "because benchmarks measure smoothness here: each piece decodes alone as whole ASCII which "
+    "mirrors how real chat output reaches streaming clients (roughly one chunk per generated "
+    "token). Gaps between chunks should look even while our server batches many requests "
+    "together without stalls or hiccups... Think of reporters typing notes into live feeds where "
+    "nobody waits for full paragraphs - words appear instantly and that rhythm is what latency "
+    "charts try to capture when someone runs `llmd bench`. Why care? Because jarring replies "
+    'stall then dump three sentences at once -- users call it "stuttering." Steady pacing '
+    "matters most during lengthy answers since readers skim ahead whenever fresh lines arrive but "
+    "smooth trickles feel quicker than sudden bursts although total time stays identical!! Naturally "
+    "hardware differs widely hence absolute numbers vary [ratios remain comparable] Further along "
+    "comes harder material with Korean syllables plus Chinese characters beside Japanese "
+    "kana or emoji whose bytes span several tokens -> any detokenizer must therefore hold back "
+    "partial sequences until each character is complete :)"
 )
+
+# The multilingual rest splits many characters across two to four tokens, which UTF-8-safe
+# streaming must hold back. Hangul and emoji follow the lead at once: end-to-end tests look for
+# them within the first 400 tokens.
+_DEMO_WORLD_TEXT = (
+    " 안녕하세요 👋🏽 你好，世界！ こんにちは、元気ですか？ Привет мир 🌍 Γειά σου κόσμε "
+    "Grüße aus Köln — café oder cafe\u0301 mit kombinierendem Akzent 🧑\u200d💻 오늘 날씨가 좋네요 "
+    "我们一起学习。 नमस्ते 🇰🇷 Emoji like 👍🏿 and 👨\u200d👩\u200d👧 arrive piecewise ✨ "
+    "한국어 글자는 세 바이트입니다 「中文字符占三个字节」 Streams never show half glyphs "
+    "ありがとう Thanks for reading… now the loop starts over "
+)
+
+DEMO_TEXT = DEMO_LEAD_TEXT + _DEMO_WORLD_TEXT
 
 # English and code weigh double, as in the corpora real tokenizers learn from; the other scripts
 # appear once, so only their common characters merge and most keep their bytes apart.
@@ -190,7 +216,7 @@ CHAT_TEMPLATE = (
 
 # --- tokenizer -------------------------------------------------------------------------------
 
-# Far above what the corpus supports (about 1.3k): the vocabulary is every merge seen twice.
+# Far above what the corpus supports (about 1.6k): the vocabulary is every merge seen twice.
 _VOCAB_LIMIT = 8192
 
 
@@ -239,9 +265,18 @@ def token_bytes(tokenizer: Tokenizer) -> dict[int, bytes]:
 
 
 # --- the cycle: DEMO_TEXT spelled with distinct token ids --------------------------------------
+#
+# Each word occurrence takes the cheapest spelling whose tokens no earlier word has taken. Words
+# with the fewest usable tokens (punctuation, short common words) go first; a word left with no
+# spelling moves to the front of the order and spelling starts over ("squeaky wheel"), which
+# settles the few real conflicts (a repeated short word, a shared byte) in a handful of rounds.
 
-_SPELLINGS_PER_WORD = 24
-_SEARCH_BUDGET = 20000
+# Runners-up kept per suffix, for words whose cheapest spelling would repeat a token.
+_SPELLINGS_PER_SUFFIX = 6
+_MAX_ROUNDS = 200
+# Extra cost of a whole multibyte character inside one token: the cycle prefers tokens that cut
+# characters, which is what UTF-8-safe streaming must be tested on.
+_WHOLE_CHARACTER_COST = 4
 
 
 def _whole_multibyte_chars(piece: bytes) -> int:
@@ -251,24 +286,8 @@ def _whole_multibyte_chars(piece: bytes) -> int:
 
 
 def _piece_cost(piece: bytes) -> int:
-    # Whole multibyte characters cost extra so that the cycle prefers tokens that cut them.
-    return 1 + 2 * _whole_multibyte_chars(piece)
-
-
-def _spellings(word: bytes, ids_of: dict[bytes, int]) -> list[tuple[int, ...]]:
-    """The cheapest ways to spell `word` as tokens without repeating one (k-best over suffixes)."""
-    longest = max(map(len, ids_of))
-    best: list[list[tuple[int, tuple[int, ...]]]] = [[] for _ in range(len(word))] + [[(0, ())]]
-    for start in range(len(word) - 1, -1, -1):
-        options = []
-        for end in range(start + 1, min(len(word), start + longest) + 1):
-            token_id = ids_of.get(word[start:end])
-            if token_id is None:
-                continue
-            cost = _piece_cost(word[start:end])
-            options += [(cost + c, (token_id, *rest)) for c, rest in best[end] if token_id not in rest]
-        best[start] = sorted(options)[:_SPELLINGS_PER_WORD]
-    return [spelling for _, spelling in best[0]]
+    """Cost of spelling with `piece`: one per token, more for each character it leaves whole."""
+    return 1 + _WHOLE_CHARACTER_COST * _whole_multibyte_chars(piece)
 
 
 def _words(tokenizer: Tokenizer, text: str) -> list[bytes]:
@@ -277,54 +296,76 @@ def _words(tokenizer: Tokenizer, text: str) -> list[bytes]:
     return [text[a:b].encode() for _, (a, b) in tokenizer.pre_tokenizer.pre_tokenize_str(text)]
 
 
-class _SpellingSearch:
-    """Backtracking search for one spelling per word with no token id used twice.
+class _Speller:
+    """Cheapest spellings of words as distinct tokens, avoiding tokens already taken."""
 
-    The word with the fewest spellings still fitting goes next, which settles conflicts (a
-    repeated word, a shared byte) early and keeps backtracking rare.
-    """
+    def __init__(self, ids_of: dict[bytes, int]) -> None:
+        self.ids_of = ids_of
+        self.cost = {token_id: _piece_cost(piece) for piece, token_id in ids_of.items()}
+        self.longest = max(map(len, ids_of))
 
-    def __init__(self, candidates: list[list[tuple[int, ...]]]) -> None:
-        self.candidates = candidates
-        self.chosen: dict[int, tuple[int, ...]] = {}
-        self.used: set[int] = set()
-        self.steps = 0
+    def _spans(self, word: bytes, start: int) -> range:
+        return range(start + 1, min(len(word), start + self.longest) + 1)
 
-    def run(self) -> list[tuple[int, ...]]:
-        """The chosen spelling of every word, in text order."""
-        if not self._solve():
-            raise RuntimeError("DEMO_TEXT cannot be spelled with distinct tokens")
-        return [self.chosen[word] for word in range(len(self.candidates))]
+    def usable_tokens(self, word: bytes) -> int:
+        """How many distinct tokens occur in `word`: few means it must choose early."""
+        pieces = (word[start:end] for start in range(len(word)) for end in self._spans(word, start))
+        return len({self.ids_of[piece] for piece in pieces if piece in self.ids_of})
 
-    def _fitting(self, word: int) -> list[tuple[int, ...]]:
-        return [spelling for spelling in self.candidates[word] if self.used.isdisjoint(spelling)]
+    def spell(self, word: bytes, taken: set[int]) -> tuple[int, ...] | None:
+        """The cheapest spelling of `word` with no token twice and none from `taken` (k-best DP)."""
+        best: list[list[tuple[int, tuple[int, ...]]]] = [[] for _ in word] + [[(0, ())]]
+        for start in range(len(word) - 1, -1, -1):
+            options = []
+            for end in self._spans(word, start):
+                token_id = self.ids_of.get(word[start:end])
+                if token_id is None or token_id in taken:
+                    continue
+                cost = self.cost[token_id]
+                options += [(cost + c, (token_id, *rest)) for c, rest in best[end] if token_id not in rest]
+            best[start] = sorted(options)[:_SPELLINGS_PER_SUFFIX]
+        return best[0][0][1] if best[0] else None
 
-    def _most_constrained(self) -> int | None:
-        open_words = [word for word in range(len(self.candidates)) if word not in self.chosen]
-        return min(open_words, key=lambda word: (len(self._fitting(word)), word), default=None)
 
-    def _solve(self) -> bool:
-        self.steps += 1
-        if self.steps > _SEARCH_BUDGET:
-            raise RuntimeError("DEMO_TEXT spelling search ran out of budget")
-        word = self._most_constrained()
-        if word is None:
-            return True
-        for spelling in self._fitting(word):
-            self.chosen[word], self.used = spelling, self.used | set(spelling)
-            if self._solve():
-                return True
-            del self.chosen[word]
-            self.used -= set(spelling)
-        return False
+def _spell_in_order(
+    speller: _Speller, words: Sequence[bytes], order: Sequence[int]
+) -> list[tuple[int, ...]] | int:
+    """Spell the words in `order`: their spellings in text order, or the index of one that failed."""
+    taken: set[int] = set()
+    chosen: dict[int, tuple[int, ...]] = {}
+    for index in order:
+        spelling = speller.spell(words[index], taken)
+        if spelling is None:
+            return index
+        chosen[index] = spelling
+        taken.update(spelling)
+    return [chosen[index] for index in range(len(words))]
+
+
+def _spell_distinct(words: Sequence[bytes], ids_of: dict[bytes, int]) -> list[int]:
+    """Token ids, all distinct, whose bytes concatenate to those of `words`."""
+    speller = _Speller(ids_of)
+    order = sorted(range(len(words)), key=lambda index: (speller.usable_tokens(words[index]), index))
+    for _ in range(_MAX_ROUNDS):
+        result = _spell_in_order(speller, words, order)
+        if not isinstance(result, int):
+            return [token_id for spelling in result for token_id in spelling]
+        order.remove(result)
+        order.insert(0, result)
+    raise RuntimeError(f"DEMO_TEXT cannot be spelled with distinct tokens; stuck at {words[order[0]]!r}")
+
+
+def _chat_prompt_end_ids(tokenizer: Tokenizer) -> set[int]:
+    """Ids a chat prompt ends with; in the cycle, one would make greedy output start mid-cycle."""
+    return set(tokenizer.encode(f"{END_HEADER_TOKEN}\n\n", add_special_tokens=False).ids)
 
 
 def demo_cycle(tokenizer: Tokenizer) -> list[int]:
     """Distinct token ids that decode to DEMO_TEXT; greedy decoding walks them in a loop."""
-    ids_of = {piece: token_id for token_id, piece in token_bytes(tokenizer).items()}
-    words = _words(tokenizer, DEMO_TEXT)
-    spellings = _SpellingSearch([_spellings(word, ids_of) for word in words]).run()
-    return [token_id for spelling in spellings for token_id in spelling]
+    banned = _chat_prompt_end_ids(tokenizer)
+    pieces = token_bytes(tokenizer)
+    ids_of = {piece: token_id for token_id, piece in pieces.items() if token_id not in banned}
+    return _spell_distinct(_words(tokenizer, DEMO_TEXT), ids_of)
 
 
 # --- weights ---------------------------------------------------------------------------------

@@ -316,6 +316,12 @@ class FakeOpenAI:
         counts = {"prompt_tokens": self._prompt_tokens(body), "completion_tokens": tokens}
         usage = {"object": "chat.completion.chunk", "choices": [], "usage": counts}
         tail = [] if model == "fake-nousage" else [b"data: " + json.dumps(usage).encode() + b"\n\n"]
+        if model == "fake-nodone":
+            finish = {"object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "length"}]}
+            return [role, *texts, b"data: " + json.dumps(finish).encode() + b"\n\n", *tail]
+        if model == "fake-truncated":
+            return [role, *texts]
         return [b": ping\n\n", role, *texts, *tail, b"data: [DONE]\n\n"]
 
     async def _events(self, send: Send, events: list[bytes]) -> None:
@@ -472,6 +478,21 @@ def test_missing_usage_falls_back_to_counting(fake: Served, capsys: Capture) -> 
     assert report["prompt_tokens"] is None
     assert any("not calibrated" in note for note in report["notes"])
     assert any("no usage" in note for note in report["notes"])
+
+
+def test_finished_stream_without_done_is_noted_not_failed(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-nodone",
+                               "-n", "2", "--max-tokens", "8", "--prompt-tokens", "30")
+    (run,) = report["runs"]
+    assert code == 0 and run["ok"] == 2 and run["missing_done"] == 2
+    assert any("without `data: [DONE]`" in note for note in report["notes"])
+
+
+def test_stream_cut_before_its_finish_is_an_error(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-truncated",
+                               "-n", "2", "--max-tokens", "8", "--prompt-tokens", "30")
+    (run,) = report["runs"]
+    assert code == 1 and run["errors"] == 2 and "before data: [DONE]" in run["error_messages"][0]
 
 
 def test_timeout_is_an_error(fake: Served, capsys: Capture) -> None:
