@@ -23,9 +23,11 @@ async def pieces(fail_after: int | None, error: Exception) -> AsyncIterator[Piec
         yield Piece(f"p{i}")
 
 
-def framed(fail_after: int | None, error: Exception = EngineFailure("boom")) -> list[bytes]:
+def framed(fail_after: int | None, error: Exception | None = None) -> list[bytes]:
+    failure = error if error is not None else EngineFailure("boom")
+
     async def collect() -> list[bytes]:
-        return [event async for event in frame(pieces(fail_after, error))]
+        return [event async for event in frame(pieces(fail_after, failure))]
 
     return asyncio.run(collect())
 
