@@ -12,8 +12,9 @@ import httpx
 import openai
 import pytest
 
-from llmd.demo_model import DEMO_TEXT
+from llmd.demo_model import DEMO_TEXT, read_demo_cycle
 from llmd.engine.offline import InProcessDecoder
+from llmd.engine.tokenizer import ChatTokenizer
 from tests.conftest import Daemon, start_daemon
 
 MESSAGES = [{"role": "user", "content": "Say something in Korean."}]
@@ -66,15 +67,26 @@ def test_non_stream_greedy_walks_the_demo_text(daemon: Daemon) -> None:
     assert result.usage.total_tokens == result.usage.prompt_tokens + 40
 
 
-def test_stream_equals_non_stream_for_every_length(daemon: Daemon) -> None:
+def lengths_ending_mid_character(model: Path, count: int) -> list[int]:
+    """max_tokens values at which the greedy walk stops inside a multibyte character."""
+    tokenizer = ChatTokenizer(model)
+    walk_ids = read_demo_cycle(model)
+    texts = (tokenizer.decode(walk_ids[:n]) for n in range(1, len(walk_ids)))
+    return [n for n, text in enumerate(texts, start=1) if text.endswith("\ufffd")][:count]
+
+
+def test_stream_equals_non_stream_for_every_length(daemon: Daemon, tiny_model: Path) -> None:
     sdk = client(daemon)
-    for max_tokens in (1, 2, 3, 5, 8, 13, 21, 34, 60):
+    cut = lengths_ending_mid_character(tiny_model, 4)
+    assert len(cut) == 4
+    for max_tokens in (1, 2, 3, 5, 8, 13, 21, 34, 60, *cut, cut[-1] + 1):
         full = sdk.chat.completions.create(
             model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens)
         chunks = list(sdk.chat.completions.create(
             model="tiny", messages=MESSAGES, temperature=0, max_tokens=max_tokens, stream=True))
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert streamed == full.choices[0].message.content, max_tokens
+        assert streamed.endswith("\ufffd") == (max_tokens in cut), max_tokens
 
 
 def test_stream_shape_and_usage(daemon: Daemon) -> None:
