@@ -63,6 +63,29 @@ def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
     torch.testing.assert_close(torch.stack(seen), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_penalized_requests_count_their_own_tokens(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmd.engine.runner as runner_module
+
+    counted: list[float] = []
+    real_sample = runner_module.sample
+
+    def recording_sample(logits: torch.Tensor, params: SamplingParams, gen: object, counts: object) -> int:
+        counted.append(-1.0 if counts is None else float(counts.sum()))  # type: ignore[attr-defined]
+        return real_sample(logits, params, gen, counts)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
+    penalized = Request("p", prompt, greedy(5, frequency_penalty=0.5))
+    plain = Request("q", prompt, greedy(5))
+    runner.prefill(penalized)
+    runner.prefill(plain)
+    for _ in range(4):
+        runner.decode([penalized, plain])
+    assert counted[0::2] == [0.0, 1.0, 2.0, 3.0, 4.0]  # before each of its 5 tokens
+    assert set(counted[1::2]) == {-1.0}
+
+
 def test_in_process_decoder_runner_and_generate_agree(tiny_model: Path) -> None:
     decoder = InProcessDecoder(tiny_model)
     prompt = decoder.prompt_ids(PROMPT)
