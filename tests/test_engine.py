@@ -217,3 +217,70 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
         assert reason == "length" and text
 
     run_with_engine(tiny_model, body)
+
+
+def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
+    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
+    import llmd.engine.runner as runner_module
+
+    seen: dict[int, list[torch.Tensor]] = {}
+    real_sample = runner_module.sample
+
+    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
+        seen.setdefault(params.max_tokens, []).append(logits.clone())
+        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    return seen
+
+
+def staggered_batch(runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]) -> dict[str, list[int]]:
+    """Request k joins at step k; `leave[step]` is released (aborted) after that step."""
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    running: list[Request] = []
+    for step in range(steps):
+        for request, token in zip(running, runner.decode(running), strict=True):
+            tokens[request.request_id].append(token)
+        if step < len(requests):
+            tokens[requests[step].request_id].append(runner.prefill(requests[step]))
+            running.append(requests[step])
+        if step in leave:
+            runner.release(leave[step])
+            running = [r for r in running if r.request_id != leave[step]]
+    return tokens
+
+
+def test_batched_decode_equals_each_request_alone(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokenizer = ChatTokenizer(tiny_model)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (3 * k + 1)}]) for k in range(8)]
+    assert len({len(p) for p in prompts}) == 8, "prompt lengths must differ to exercise padding"
+    batch = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    together = staggered_batch(runner, batch, steps=20, leave={9: "b3"})
+    batched_logits = {k: list(v) for k, v in seen.items()}
+    assert runner.active_sequences == 7 and len(together["b3"]) == 7
+    for request in batch:
+        runner.release(request.request_id)
+    seen.clear()
+    for k, prompt in enumerate(prompts):
+        alone = Request(f"a{k}", prompt, greedy(100 + k))
+        count = len(together[f"b{k}"])
+        solo = [runner.prefill(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
+        runner.release(alone.request_id)
+        assert solo == together[f"b{k}"], k
+        torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokenizer = ChatTokenizer(tiny_model)
+    short = Request("s", tokenizer.encode_chat([{"role": "user", "content": "hi"}]), greedy(50))
+    long = Request("l", tokenizer.encode_chat([{"role": "user", "content": "word " * 40}]), greedy(50))
+    staggered_batch(runner, [long, short], steps=4, leave={3: "l"})
+    batch = runner._batch
+    assert batch.request_ids == ["s"] and batch.mask is not None and bool(batch.mask.all())
+    assert batch.cache is not None and batch.cache.get_seq_length() == len(short.prompt_ids) + 2  # two decode steps
+    runner.release("s")
+    assert batch.cache is None and runner.active_sequences == 0

@@ -318,3 +318,28 @@ def test_queue_full_is_503_with_retry_after(tiny_model: Path, tmp_path: Path) ->
         assert sdk.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2).choices
     finally:
         assert small.stop() == 0, small.log()
+
+
+def test_sixteen_concurrent_sdk_streams_all_complete(daemon: Daemon) -> None:
+    import asyncio
+
+    async def one(sdk: openai.AsyncOpenAI, k: int) -> tuple[str, str | None, int]:
+        stream = await sdk.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"request {k} " * (k + 1)}],
+            temperature=0, max_tokens=20 + k, stream=True, stream_options={"include_usage": True})
+        text, reason, usage = "", None, 0
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                reason = chunk.choices[0].finish_reason or reason
+            elif chunk.usage is not None:
+                usage = chunk.usage.completion_tokens
+        return text, reason, usage
+
+    async def run_all() -> list[tuple[str, str | None, int]]:
+        async with openai.AsyncOpenAI(base_url=daemon.base_url, api_key="x", max_retries=0) as sdk:
+            return await asyncio.gather(*(one(sdk, k) for k in range(16)))
+
+    results = asyncio.run(run_all())
+    for k, (text, reason, usage) in enumerate(results):
+        assert reason == "length" and usage == 20 + k and walk(text), k

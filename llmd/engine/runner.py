@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -27,13 +28,78 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass(slots=True)
 class SequenceState:
-    """The per-request tensors the runner keeps between steps."""
+    """The per-request sampling state the runner keeps between steps."""
 
-    cache: DynamicCache
     generator: torch.Generator | None
     token_counts: torch.Tensor | None
     last_token: int
     position: int
+
+
+class DecodeBatch:
+    """The running requests' KV caches stacked along the batch dimension, left-padded.
+
+    Every row ends at the same column, so one forward pass appends one token to all of
+    them; `mask` marks real tokens (1) and left padding (0). A request joins after its own
+    prefill and leaves by dropping its row; columns that are padding in every row go too.
+    """
+
+    def __init__(self) -> None:
+        self.request_ids: list[str] = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None
+
+    def join(self, request_id: str, cache: DynamicCache) -> None:
+        """Add a prefilled request's cache as the last row."""
+        length = cache.get_seq_length()
+        mask = torch.ones((1, length), dtype=torch.long, device=_layers(cache)[0].keys.device)
+        if self.cache is None or self.mask is None:
+            self.cache, self.mask = cache, mask
+        else:
+            width = max(length, self.mask.shape[1])
+            for mine, theirs in zip(_layers(self.cache), _layers(cache), strict=True):
+                mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
+                mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
+            self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
+        self.request_ids.append(request_id)
+
+    def leave(self, request_id: str) -> None:
+        """Drop a request's row and any column left as padding in every row."""
+        row = self.request_ids.index(request_id)
+        del self.request_ids[row]
+        if not self.request_ids:
+            self.cache = self.mask = None
+            return
+        assert self.cache is not None and self.mask is not None
+        keep = [i for i in range(self.mask.shape[0]) if i != row]
+        self.mask = self.mask[keep]
+        first = int(self.mask.any(dim=0).nonzero()[0])
+        self.mask = self.mask[:, first:]
+        for layer in _layers(self.cache):
+            layer.keys = layer.keys[keep, :, first:]
+            layer.values = layer.values[keep, :, first:]
+
+    def step_mask(self) -> torch.Tensor | None:
+        """The attention mask for the next token: None while no row is padded."""
+        assert self.mask is not None
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        return self.mask if len(self.request_ids) > 1 and not bool(self.mask.all()) else None
+
+
+def _layers(cache: DynamicCache) -> list[Any]:
+    """The cache's per-layer key/value holders (plain DynamicLayers for full attention)."""
+    return list(cache.layers)
+
+
+def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad dimension 2 (cache) or 1 (mask) on the left up to `width`."""
+    dim = 2 if tensor.dim() == 4 else 1
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 class ModelRunner:
@@ -50,6 +116,7 @@ class ModelRunner:
         self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.eos_token_ids = generation_eos_ids(self.model)
         self._sequences: dict[str, SequenceState] = {}
+        self._batch = DecodeBatch()
 
     @torch.inference_mode()
     def prefill(self, request: Request) -> int:
@@ -59,36 +126,48 @@ class ModelRunner:
         with prefill_threads(self.threads):
             logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
         state = SequenceState(
-            cache=cache,
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
             last_token=-1,
             position=len(request.prompt_ids),
         )
         self._sequences[request.request_id] = state
+        self._batch.join(request.request_id, cache)
         return self._accept(state, request.params, logits[0, -1])
 
     @torch.inference_mode()
     def decode(self, requests: list[Request]) -> list[int]:
-        """One decode step for each request; returns one new token id per request."""
-        return [self._decode_one(request) for request in requests]
+        """One batched forward pass over every prefilled request: one new token each.
+
+        `requests` must be exactly the requests prefilled earlier and not yet released.
+        """
+        if not requests:
+            return []
+        rows = self._batch.request_ids
+        assert sorted(r.request_id for r in requests) == sorted(rows), "decode set != running batch"
+        states = [self._sequences[request_id] for request_id in rows]
+        ids = torch.tensor([[s.last_token] for s in states], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.position] for s in states], dtype=torch.long, device=self.device)
+        mask = self._batch.step_mask()
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                         cache=self._batch.cache, use_cache=True)
+        logits = out.logits[:, -1]
+        by_id = {request.request_id: request for request in requests}
+        tokens: dict[str, int] = {}
+        for row, (request_id, state) in enumerate(zip(rows, states, strict=True)):
+            state.position += 1
+            tokens[request_id] = self._accept(state, by_id[request_id].params, logits[row])
+        return [tokens[request.request_id] for request in requests]
 
     def release(self, request_id: str) -> None:
-        """Free the KV cache and sampling state of a finished or aborted request."""
-        self._sequences.pop(request_id, None)
+        """Free the KV cache row and sampling state of a finished or aborted request."""
+        if self._sequences.pop(request_id, None) is not None:
+            self._batch.leave(request_id)
 
     @property
     def active_sequences(self) -> int:
         """How many requests hold a KV cache right now."""
         return len(self._sequences)
-
-    def _decode_one(self, request: Request) -> int:
-        state = self._sequences[request.request_id]
-        ids = torch.tensor([[state.last_token]], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[state.position]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, position_ids=positions, cache=state.cache, use_cache=True)
-        state.position += 1
-        return self._accept(state, request.params, out.logits[0, -1])
 
     def _accept(self, state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> int:
         token = sample(logits, params, state.generator, state.token_counts)

@@ -154,14 +154,16 @@ class EngineWorker:
         if plan.idle:
             return
         events: list[tuple[str, TokenEvent]] = []
+        # Running streams get their token first; a newcomer joins the batch after its prefill.
+        stepped = plan.decode + plan.prefill
         try:
-            tokens = [self.runner.prefill(request) for request in plan.prefill]
-            tokens += self.runner.decode(plan.decode)
-        except Exception as exc:
+            tokens = self.runner.decode(plan.decode)
+            tokens += [self.runner.prefill(request) for request in plan.prefill]
+        except Exception as exc:  # one failed step must not end the daemon
             log.exception("engine step failed")
-            self._fail(plan.prefill + plan.decode, exc, events)
+            self._fail(stepped, exc, events)
         else:
-            for request, token in zip(plan.prefill + plan.decode, tokens, strict=True):
+            for request, token in zip(stepped, tokens, strict=True):
                 events.append((request.request_id, self._advance(request, token)))
         self.steps += 1
         self.hooks.deliver(events)
