@@ -234,7 +234,9 @@ def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tenso
     return seen
 
 
-def staggered_batch(runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]) -> dict[str, list[int]]:
+def staggered_batch(
+    runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]
+) -> dict[str, list[int]]:
     """Request k joins at step k; `leave[step]` is released (aborted) after that step."""
     tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
     running: list[Request] = []
@@ -281,6 +283,7 @@ def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
     staggered_batch(runner, [long, short], steps=4, leave={3: "l"})
     batch = runner._batch
     assert batch.request_ids == ["s"] and batch.mask is not None and bool(batch.mask.all())
-    assert batch.cache is not None and batch.cache.get_seq_length() == len(short.prompt_ids) + 2  # two decode steps
+    assert batch.cache is not None  # two decode steps since the short prompt's prefill:
+    assert batch.cache.get_seq_length() == len(short.prompt_ids) + 2
     runner.release("s")
     assert batch.cache is None and runner.active_sequences == 0
