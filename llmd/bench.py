@@ -700,19 +700,24 @@ def bench_in_process(args: argparse.Namespace) -> BenchReport:
 
     # One prompt for all decodes: nothing is cached across decode() calls in-process.
     prompt_ids, words = fit_prompt_ids(ids_for_words, args.prompt_tokens)
+    batch = [prompt_ids] * args.concurrency
     for method in IN_PROCESS_METHODS:
         for _ in range(args.warmup):
-            decoder.decode(prompt_ids, args.max_tokens, method=method)
+            decoder.decode_batch(batch, args.max_tokens, method=method)
     runs = []
     for repeat in range(1, args.repeats + 1):
         # Methods alternate within a repeat so machine noise hits both alike.
         for method in IN_PROCESS_METHODS:
             results = [
-                trace_result(decoder.decode(prompt_ids, args.max_tokens, method), len(prompt_ids))
+                trace_result(trace, len(prompt_ids))
                 for _ in range(args.requests)
+                for trace in decoder.decode_batch(batch, args.max_tokens, method)
             ]
             runs.append(summarize(f"in-process {method}", repeat, results))
     notes = ["in-process: TTFT is prefill plus the first token; gaps are per-token times; greedy"]
+    if args.concurrency > 1:
+        notes.append(f"in-process: -c {args.concurrency} decodes that many prompts as one batch, "
+                     "all prefilled first, -n times over")
     target = args.in_process
     report = _report(args, target, target, len(prompt_ids), words, notes, runs)
     return replace(report, distinct_prompts=False, temperature=0.0)
@@ -863,13 +868,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench; 0 when every measured request succeeded, 1 otherwise, 2 on bad usage."""
-    if args.in_process and args.concurrency > 1:
-        print(
-            "llmd bench: --in-process measures one stream only (-c 1); "
-            "in-process batch decode is not implemented yet",
-            file=sys.stderr,
-        )
-        return 2
     try:
         report = bench_in_process(args) if args.in_process else asyncio.run(bench_http(args))
     except BenchError as exc:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -526,6 +527,11 @@ def test_unreachable_server(capsys: Capture) -> None:
     assert run["errors"] == 2 and "ConnectError" in run["error_messages"][0]
 
 
-def test_in_process_rejects_concurrency(capsys: Capture) -> None:
-    assert bench.run(_args("--in-process", "/nonexistent", "-c", "2")) == 2
-    assert "batch decode" in capsys.readouterr().err
+def test_in_process_batch_on_the_tiny_model(tiny_model: Path, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--in-process", str(tiny_model), "-c", "2", "-n", "1",
+                               "--max-tokens", "8", "--prompt-tokens", "30", "--warmup", "0")
+    assert code == 0 and report["prompt_tokens"] == 30
+    labels = [run["label"] for run in report["runs"]]
+    assert labels == ["in-process runner", "in-process generate"]
+    for run in report["runs"]:
+        assert run["ok"] == 2 and run["completion_tokens"] == 16 and run["chunks_per_token"] == 1.0

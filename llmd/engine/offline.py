@@ -39,19 +39,31 @@ class InProcessDecoder:
 
     def decode(self, prompt_ids: list[int], max_new_tokens: int, method: str = "runner") -> DecodeTrace:
         """Greedy-decode exactly `max_new_tokens` tokens, timing each one."""
-        if method == "generate":
-            start, times, ids = measure_generate(self.runner.model, prompt_ids, max_new_tokens)
-            return DecodeTrace(start, times, ids)
-        return self._decode_with_runner(prompt_ids, max_new_tokens)
+        return self.decode_batch([prompt_ids], max_new_tokens, method)[0]
 
-    def _decode_with_runner(self, prompt_ids: list[int], max_new_tokens: int) -> DecodeTrace:
+    def decode_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, method: str = "runner"
+    ) -> list[DecodeTrace]:
+        """Greedy-decode every prompt together (one batch), timing each token of each row."""
+        if method == "generate":
+            start, times, ids = measure_generate(self.runner.model, prompts, max_new_tokens)
+            return [DecodeTrace(start, list(times), row) for row in ids]
+        return self._decode_with_runner(prompts, max_new_tokens)
+
+    def _decode_with_runner(self, prompts: list[list[int]], max_new_tokens: int) -> list[DecodeTrace]:
         params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
-        request = Request("in-process", prompt_ids, params)
-        trace = DecodeTrace(time.perf_counter())
-        trace.token_ids.append(self.runner.prefill(request))
-        trace.token_times.append(time.perf_counter())
-        while len(trace.token_ids) < max_new_tokens:
-            trace.token_ids.append(self.runner.decode([request])[0])
+        requests = [Request(f"in-process-{i}", ids, params) for i, ids in enumerate(prompts)]
+        start = time.perf_counter()
+        traces = [DecodeTrace(start) for _ in requests]
+        for request, trace in zip(requests, traces, strict=True):
+            trace.token_ids.append(self.runner.prefill(request))
             trace.token_times.append(time.perf_counter())
-        self.runner.release(request.request_id)
-        return trace
+        for _ in range(max_new_tokens - 1):
+            tokens = self.runner.decode(requests)
+            now = time.perf_counter()
+            for trace, token in zip(traces, tokens, strict=True):
+                trace.token_ids.append(token)
+                trace.token_times.append(now)
+        for request in requests:
+            self.runner.release(request.request_id)
+        return traces

@@ -292,11 +292,11 @@ def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class _TokenClock:
-    """A `generate` streamer that only timestamps each new token (no text, no thread)."""
+    """A `generate` streamer that only timestamps each step's new tokens (no text, no thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int) -> None:
         self.times: list[float] = []
-        self.ids: list[int] = []
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
         self._prompt_seen = False
 
     def put(self, value: torch.Tensor) -> None:
@@ -304,7 +304,8 @@ class _TokenClock:
             self._prompt_seen = True
             return
         self.times.append(time.perf_counter())
-        self.ids.extend(int(v) for v in value.reshape(-1))
+        for row, token in zip(self.ids, value.reshape(-1).tolist(), strict=True):
+            row.append(int(token))
 
     def end(self) -> None:
         pass
@@ -312,14 +313,17 @@ class _TokenClock:
 
 @torch.inference_mode()
 def measure_generate(
-    model: PreTrainedModel, prompt_ids: list[int], max_new_tokens: int
-) -> tuple[float, list[float], list[int]]:
-    """Greedy `model.generate` with a per-token timestamp: (start, token times, token ids)."""
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=model.device)
-    clock = _TokenClock()
+    model: PreTrainedModel, prompts: list[list[int]], max_new_tokens: int
+) -> tuple[float, list[float], list[list[int]]]:
+    """Greedy batched `model.generate`, left-padded: (start, step times, token ids per row)."""
+    pad = min(generation_eos_ids(model), default=0)
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    clock = _TokenClock(len(prompts))
     start = time.perf_counter()
     model.generate(  # type: ignore[operator]
-        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens, streamer=clock, pad_token_id=min(generation_eos_ids(model), default=0),
+        ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens, streamer=clock, pad_token_id=pad,
     )
     return start, clock.times, clock.ids
