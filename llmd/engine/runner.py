@@ -6,11 +6,9 @@ cache and sampling state here, keyed by request id, until `release`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,8 +105,7 @@ class ModelRunner:
 
     def __init__(self, model_dir: str | Path, profile: Profile) -> None:
         self.threads = ThreadPlan.for_profile(profile)
-        if self.threads is not None:
-            torch.set_num_threads(self.threads.decode)
+        self._threads_in_use = 0
         self.profile = profile
         self.device = torch.device(profile.device)
         self.model = load_model(model_dir, profile)
@@ -123,8 +120,8 @@ class ModelRunner:
         """Run the whole prompt, keep its KV cache, and sample the first new token."""
         ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
         cache = DynamicCache(config=self.model.config)
-        with prefill_threads(self.threads):
-            logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+        self._use_threads(len(request.prompt_ids))
+        logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
         state = SequenceState(
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
@@ -149,6 +146,7 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in states], dtype=torch.long, device=self.device)
         positions = torch.tensor([[s.position] for s in states], dtype=torch.long, device=self.device)
         mask = self._batch.step_mask()
+        self._use_threads(len(rows))
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
                          cache=self._batch.cache, use_cache=True)
         logits = out.logits[:, -1]
@@ -168,6 +166,13 @@ class ModelRunner:
     def active_sequences(self) -> int:
         """How many requests hold a KV cache right now."""
         return len(self._sequences)
+
+    def _use_threads(self, rows: int) -> None:
+        """Switch torch's intra-op thread count for a pass over `rows` positions."""
+        wanted = self.threads.for_rows(rows) if self.threads is not None else 0
+        if wanted and wanted != self._threads_in_use:
+            torch.set_num_threads(wanted)
+            self._threads_in_use = wanted
 
     def _accept(self, state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> int:
         token = sample(logits, params, state.generator, state.token_counts)
@@ -190,17 +195,17 @@ class ModelRunner:
 
 @dataclass(frozen=True, slots=True)
 class ThreadPlan:
-    """Intra-op threads for CPU inference, decode and prefill apart.
+    """Intra-op threads for CPU inference: one stream's decode apart from everything else.
 
-    Decode leaves one physical core to the event loop and the clients: a thread team that
-    fills every core stalls at its barrier whenever the HTTP side runs, and one thread
-    decodes a small model as fast as two (measured on 2 cores, see the bench notes).
-    Prefill is compute-bound and nothing streams during it for a lone request, so it
-    takes every core: 75 ms vs 34-57 ms for a 76-token prompt on the small demo model.
+    A lone stream's decode leaves one physical core to the event loop and the client: a
+    thread team that fills every core stalls at its barrier whenever the HTTP side runs,
+    and one thread decodes one row of a small model as fast as two (measured on 2 cores,
+    see the bench notes). Prefill and batched decode are compute-bound, so they take every
+    core: a 76-token prefill 34-57 ms instead of 75 ms on the small demo model.
     """
 
-    decode: int
-    prefill: int
+    lone_decode: int
+    compute: int
 
     @classmethod
     def for_profile(cls, profile: Profile) -> ThreadPlan | None:
@@ -210,20 +215,11 @@ class ThreadPlan:
         if profile.torch_threads:
             return cls(profile.torch_threads, profile.torch_threads)
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        return cls(decode=max(1, cores - 1), prefill=cores)
+        return cls(lone_decode=max(1, cores - 1), compute=cores)
 
-
-@contextlib.contextmanager
-def prefill_threads(plan: ThreadPlan | None) -> Iterator[None]:
-    """Run the enclosed prefill on the plan's prefill threads, then go back to decode's."""
-    if plan is None or plan.prefill == plan.decode:
-        yield
-        return
-    torch.set_num_threads(plan.prefill)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(plan.decode)
+    def for_rows(self, rows: int) -> int:
+        """Threads for a forward pass over `rows` new positions (a prompt, or a batch)."""
+        return self.lone_decode if rows == 1 else self.compute
 
 
 def load_model(model_dir: str | Path, profile: Profile) -> PreTrainedModel:

@@ -110,8 +110,9 @@ class EngineWorker:
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
         threads = self.runner.threads
-        log.info("model loaded in %.2f s on %s%s", time.perf_counter() - started, self.profile.device,
-                 f" ({threads.decode} decode / {threads.prefill} prefill threads)" if threads else "")
+        detail = f" ({threads.lone_decode} threads for one stream, {threads.compute} otherwise)"
+        log.info("model loaded in %.2f s on %s%s", time.perf_counter() - started,
+                 self.profile.device, detail if threads else "")
         started = time.perf_counter()
         self._warm_up()
         log.info("warm-up done in %.2f s", time.perf_counter() - started)
