@@ -32,6 +32,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_context: Positive = 4096
     max_running: Positive = 1
     max_queue: Annotated[int, Meta(ge=0)] = 64
+    prefill_chunk_tokens: Positive = 32
     torch_threads: Annotated[int, Meta(ge=0)] = 0
 
 

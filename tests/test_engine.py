@@ -31,7 +31,7 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
     runner = ModelRunner(tiny_model, load_profile("cpu"))
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(64))
-    ours = [runner.prefill(request)] + [runner.decode([request])[0] for _ in range(63)]
+    ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(63)]
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
     ids = torch.tensor([prompt])
     reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -56,7 +56,7 @@ def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
     runner = ModelRunner(tiny_model, load_profile("cpu"))
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(24))
-    generated = [runner.prefill(request)] + [runner.decode([request])[0] for _ in range(23)]
+    generated = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(23)]
     with torch.inference_mode():
         full = runner.model(input_ids=torch.tensor([prompt + generated])).logits[0]
     expected = full[len(prompt) - 1 : len(prompt) + 23]
@@ -78,8 +78,8 @@ def test_penalized_requests_count_their_own_tokens(tiny_model: Path, monkeypatch
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     penalized = Request("p", prompt, greedy(5, frequency_penalty=0.5))
     plain = Request("q", prompt, greedy(5))
-    runner.prefill(penalized)
-    runner.prefill(plain)
+    runner.first_token(penalized)
+    runner.first_token(plain)
     for _ in range(4):
         runner.decode([penalized, plain])
     assert counted[0::2] == [0.0, 1.0, 2.0, 3.0, 4.0]  # before each of its 5 tokens
@@ -244,7 +244,7 @@ def staggered_batch(
         for request, token in zip(running, runner.decode(running), strict=True):
             tokens[request.request_id].append(token)
         if step < len(requests):
-            tokens[requests[step].request_id].append(runner.prefill(requests[step]))
+            tokens[requests[step].request_id].append(runner.first_token(requests[step]))
             running.append(requests[step])
         if step in leave:
             runner.release(leave[step])
@@ -268,7 +268,7 @@ def test_batched_decode_equals_each_request_alone(tiny_model: Path, monkeypatch:
     for k, prompt in enumerate(prompts):
         alone = Request(f"a{k}", prompt, greedy(100 + k))
         count = len(together[f"b{k}"])
-        solo = [runner.prefill(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
+        solo = [runner.first_token(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
         runner.release(alone.request_id)
         assert solo == together[f"b{k}"], k
         torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
@@ -287,3 +287,27 @@ def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
     assert batch.cache.get_seq_length() == len(short.prompt_ids) + 2
     runner.release("s")
     assert batch.cache is None and runner.active_sequences == 0
+
+
+def test_chunked_prefill_equals_whole_prefill(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "word " * 30}])
+    whole = Request("w", prompt, greedy(101))
+    chunked = Request("c", prompt, greedy(102))
+    whole_tokens = [runner.first_token(whole)] + [runner.decode([whole])[0] for _ in range(5)]
+    runner.release("w")
+    firsts = [runner.prefill(chunked, upto) for upto in range(7, len(prompt), 7)]
+    assert firsts == [None] * len(firsts) and not chunked.prefill_done
+    chunked_tokens = [runner.prefill(chunked)] + [runner.decode([chunked])[0] for _ in range(5)]
+    assert chunked_tokens == whole_tokens
+    torch.testing.assert_close(torch.stack(seen[102]), torch.stack(seen[101]), rtol=1e-4, atol=1e-4)
+
+
+def test_abort_mid_prefill_frees_the_cache(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "word " * 30}])
+    request = Request("r", prompt, greedy(5))
+    assert runner.prefill(request, 10) is None and runner.active_sequences == 1
+    runner.release("r")
+    assert runner.active_sequences == 0

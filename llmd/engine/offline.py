@@ -56,7 +56,7 @@ class InProcessDecoder:
         start = time.perf_counter()
         traces = [DecodeTrace(start) for _ in requests]
         for request, trace in zip(requests, traces, strict=True):
-            trace.token_ids.append(self.runner.prefill(request))
+            trace.token_ids.append(self.runner.first_token(request))
             trace.token_times.append(time.perf_counter())
         for _ in range(max_new_tokens - 1):
             tokens = self.runner.decode(requests)

@@ -114,23 +114,44 @@ class ModelRunner:
         self.eos_token_ids = generation_eos_ids(self.model)
         self._sequences: dict[str, SequenceState] = {}
         self._batch = DecodeBatch()
+        self._prefilling: dict[str, DynamicCache] = {}
 
     @torch.inference_mode()
-    def prefill(self, request: Request) -> int:
-        """Run the whole prompt, keep its KV cache, and sample the first new token."""
-        ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-        cache = DynamicCache(config=self.model.config)
-        self._use_threads(len(request.prompt_ids))
-        logits = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
+    def prefill(self, request: Request, upto: int | None = None) -> int | None:
+        """Run prompt tokens [request.prefilled, upto) into the request's own KV cache.
+
+        `upto` defaults to the whole prompt. The chunk that completes the prompt samples
+        the first new token, moves the cache into the decode batch and returns the token;
+        an earlier chunk returns None.
+        """
+        stop = len(request.prompt_ids) if upto is None else upto
+        cache = self._prefilling.get(request.request_id)
+        if cache is None:
+            cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
+        chunk = request.prompt_ids[request.prefilled : stop]
+        ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
+        positions = torch.arange(request.prefilled, stop, device=self.device).unsqueeze(0)
+        self._use_threads(stop - request.prefilled)
+        out = self.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        request.prefilled = stop
+        if not request.prefill_done:
+            return None
+        del self._prefilling[request.request_id]
         state = SequenceState(
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
             last_token=-1,
-            position=len(request.prompt_ids),
+            position=stop,
         )
         self._sequences[request.request_id] = state
         self._batch.join(request.request_id, cache)
-        return self._accept(state, request.params, logits[0, -1])
+        return self._accept(state, request.params, out.logits[0, -1])
+
+    def first_token(self, request: Request) -> int:
+        """Prefill the whole (rest of the) prompt at once and return the first new token."""
+        token = self.prefill(request)
+        assert token is not None
+        return token
 
     @torch.inference_mode()
     def decode(self, requests: list[Request]) -> list[int]:
@@ -158,14 +179,15 @@ class ModelRunner:
         return [tokens[request.request_id] for request in requests]
 
     def release(self, request_id: str) -> None:
-        """Free the KV cache row and sampling state of a finished or aborted request."""
+        """Free the KV cache and sampling state of a finished or aborted request."""
+        self._prefilling.pop(request_id, None)
         if self._sequences.pop(request_id, None) is not None:
             self._batch.leave(request_id)
 
     @property
     def active_sequences(self) -> int:
-        """How many requests hold a KV cache right now."""
-        return len(self._sequences)
+        """How many requests hold a KV cache right now (decoding or mid-prefill)."""
+        return len(self._sequences) + len(self._prefilling)
 
     def _use_threads(self, rows: int) -> None:
         """Switch torch's intra-op thread count for a pass over `rows` positions."""

@@ -11,25 +11,45 @@ from dataclasses import dataclass, field
 from llmd.engine.types import FinishReason, Request, RequestStatus
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Prompt tokens [start, stop) of one request, to run through the model this step."""
+
+    request: Request
+    start: int
+    stop: int
+
+    @property
+    def completes_prompt(self) -> bool:
+        """Whether this chunk ends the prompt (so it yields the first new token)."""
+        return self.stop >= len(self.request.prompt_ids)
+
+
 @dataclass(slots=True)
 class StepPlan:
-    """The work of one engine step."""
+    """The work of one engine step: decode the running batch, then at most one chunk."""
 
-    prefill: list[Request] = field(default_factory=list)
     decode: list[Request] = field(default_factory=list)
+    prefill: PrefillChunk | None = None
 
     @property
     def idle(self) -> bool:
         """True when there is nothing to compute."""
-        return not self.prefill and not self.decode
+        return self.prefill is None and not self.decode
 
 
 class Scheduler:
-    """Keeps the waiting queue and the running set of the one worker."""
+    """Keeps the waiting queue and the running set of the one worker.
 
-    def __init__(self, max_running: int, max_prefills_per_step: int = 1) -> None:
+    One request at a time is prefilled, first come first served. While others decode,
+    its prompt goes in chunks of `prefill_chunk_tokens`, one chunk per step, so a long
+    newcomer never freezes the running streams for its whole prefill; with nobody
+    decoding, the whole prompt goes at once.
+    """
+
+    def __init__(self, max_running: int, prefill_chunk_tokens: int) -> None:
         self.max_running = max_running
-        self.max_prefills_per_step = max_prefills_per_step
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -39,21 +59,21 @@ class Scheduler:
         self.waiting.append(request)
 
     def schedule(self) -> StepPlan:
-        """Admit waiting requests into free running slots; everyone running decodes."""
-        plan = StepPlan(decode=list(self.running))
-        while self.waiting and self.can_admit(len(plan.prefill)):
-            request = self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            plan.prefill.append(request)
+        """Everyone prefilled decodes; the oldest unprefilled request gets the next chunk."""
+        plan = StepPlan(decode=[r for r in self.running if r.prefill_done])
+        prefilling = next((r for r in self.running if not r.prefill_done), None)
+        if prefilling is None and self.waiting and len(self.running) < self.max_running:
+            prefilling = self.waiting.popleft()
+            prefilling.status = RequestStatus.RUNNING
+            self.running.append(prefilling)
+        if prefilling is not None:
+            plan.prefill = self._chunk(prefilling, chunked=bool(plan.decode))
         return plan
 
-    def can_admit(self, admitted_this_step: int) -> bool:
-        """Whether one more waiting request may start this step."""
-        return (
-            len(self.running) < self.max_running
-            and admitted_this_step < self.max_prefills_per_step
-        )
+    def _chunk(self, request: Request, chunked: bool) -> PrefillChunk:
+        remaining = len(request.prompt_ids) - request.prefilled
+        size = min(remaining, self.prefill_chunk_tokens) if chunked else remaining
+        return PrefillChunk(request, request.prefilled, request.prefilled + size)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a completed request out of the running set."""

@@ -56,6 +56,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    prefilled: int = 0
+
+    @property
+    def prefill_done(self) -> bool:
+        """Whether the whole prompt is in the KV cache (and the request decodes)."""
+        return self.prefilled >= len(self.prompt_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -46,7 +46,7 @@ class EngineWorker:
         self.model_dir = model_dir
         self.profile = profile
         self.hooks = hooks
-        self.scheduler = Scheduler(profile.max_running)
+        self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens)
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -109,10 +109,10 @@ class EngineWorker:
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
-        threads = self.runner.threads
-        detail = f" ({threads.lone_decode} threads for one stream, {threads.compute} otherwise)"
-        log.info("model loaded in %.2f s on %s%s", time.perf_counter() - started,
-                 self.profile.device, detail if threads else "")
+        threads, detail = self.runner.threads, ""
+        if threads is not None:
+            detail = f" ({threads.lone_decode} threads for one stream, {threads.compute} otherwise)"
+        log.info("model loaded in %.2f s on %s%s", time.perf_counter() - started, self.profile.device, detail)
         started = time.perf_counter()
         self._warm_up()
         log.info("warm-up done in %.2f s", time.perf_counter() - started)
@@ -121,7 +121,7 @@ class EngineWorker:
         assert self.runner is not None and self.tokenizer is not None
         prompt = self.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
         request = Request("warmup", prompt, SamplingParams(max_tokens=WARMUP_TOKENS))
-        self.runner.prefill(request)
+        self.runner.first_token(request)
         for _ in range(WARMUP_TOKENS):
             self.runner.decode([request])
         self.runner.release(request.request_id)
@@ -156,16 +156,19 @@ class EngineWorker:
             return
         events: list[tuple[str, TokenEvent]] = []
         # Running streams get their token first; a newcomer joins the batch after its prefill.
-        stepped = plan.decode + plan.prefill
+        chunk = plan.prefill
+        stepped = plan.decode + ([chunk.request] if chunk is not None else [])
         try:
             tokens = self.runner.decode(plan.decode)
-            tokens += [self.runner.prefill(request) for request in plan.prefill]
+            first = self.runner.prefill(chunk.request, chunk.stop) if chunk is not None else None
         except Exception as exc:  # one failed step must not end the daemon
             log.exception("engine step failed")
             self._fail(stepped, exc, events)
         else:
-            for request, token in zip(stepped, tokens, strict=True):
+            for request, token in zip(plan.decode, tokens, strict=True):
                 events.append((request.request_id, self._advance(request, token)))
+            if chunk is not None and first is not None:
+                events.append((chunk.request.request_id, self._advance(chunk.request, first)))
         self.steps += 1
         self.hooks.deliver(events)
 
