@@ -33,6 +33,8 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_running: Positive = 1
     max_queue: Annotated[int, Meta(ge=0)] = 64
     prefill_chunk_tokens: Positive = 32
+    prefix_cache_tokens: Annotated[int, Meta(ge=0)] = 16384
+    prefix_min_match: Positive = 16
     torch_threads: Annotated[int, Meta(ge=0)] = 0
 
 

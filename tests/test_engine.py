@@ -311,3 +311,60 @@ def test_abort_mid_prefill_frees_the_cache(tiny_model: Path) -> None:
     assert runner.prefill(request, 10) is None and runner.active_sequences == 1
     runner.release("r")
     assert runner.active_sequences == 0
+
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 12}
+
+
+def test_prefix_reuse_gives_the_same_logits_as_a_full_prefill(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokenizer = ChatTokenizer(tiny_model)
+    first = tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "first question"}])
+    second = tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "another one entirely"}])
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert shared > 40
+
+    def run(request: Request) -> list[int]:
+        runner.reuse_prefix(request)
+        tokens = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(5)]
+        runner.release(request.request_id)
+        return tokens
+
+    run(Request("warm", first, greedy(100)))
+    reused = Request("reused", second, greedy(101))
+    assert runner.reuse_prefix(reused) is not None and reused.prefilled == shared
+    assert runner.prefix_cache.hits == 1 and runner.prefix_cache.reused_tokens == shared
+    with_reuse = run(reused)
+    runner.prefix_cache = type(runner.prefix_cache)(max_tokens=0, min_match=16)
+    fresh = Request("fresh", second, greedy(102))
+    without = run(fresh)
+    assert fresh.prefilled == len(second) and with_reuse == without
+    torch.testing.assert_close(torch.stack(seen[101]), torch.stack(seen[102]), rtol=1e-4, atol=1e-4)
+
+
+def test_an_identical_prompt_still_computes_its_last_token(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    prompt = ChatTokenizer(tiny_model).encode_chat([SYSTEM, {"role": "user", "content": "again"}])
+    first = runner.first_token(Request("a", prompt, greedy(3)))
+    again = Request("b", prompt, greedy(3))
+    runner.reuse_prefix(again)
+    assert again.prefilled == len(prompt) - 1
+    assert runner.first_token(again) == first
+
+
+def test_prefix_cache_is_bounded_and_evicts_the_oldest(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokenizer = ChatTokenizer(tiny_model)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": f"{k} " + "word " * 30}]) for k in range(3)]
+    runner.prefix_cache = type(runner.prefix_cache)(max_tokens=2 * len(prompts[0]) + 1, min_match=8)
+    for k, prompt in enumerate(prompts):
+        runner.first_token(Request(f"p{k}", prompt, greedy(3)))
+    probe = Request("probe", prompts[0] + [5], greedy(3))
+    runner.reuse_prefix(probe)
+    assert probe.prefilled < len(prompts[0])  # the first prompt was evicted: only a short match
+    probe = Request("probe2", prompts[2] + [5], greedy(3))
+    runner.reuse_prefix(probe)
+    assert probe.prefilled == len(prompts[2])

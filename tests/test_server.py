@@ -343,3 +343,17 @@ def test_sixteen_concurrent_sdk_streams_all_complete(daemon: Daemon) -> None:
     results = asyncio.run(run_all())
     for k, (text, reason, usage) in enumerate(results):
         assert reason == "length" and usage == 20 + k and walk(text), k
+
+
+def test_a_shared_prefix_is_reused_and_changes_nothing_in_the_output(daemon: Daemon) -> None:
+    system = {"role": "system", "content": "Shared instructions for every request. " * 10}
+    before = httpx.get(f"{daemon.url}/stats").json()
+    texts = []
+    for question in ("What is one?", "And what is two?"):
+        reply = post_chat(daemon, messages=[system, {"role": "user", "content": question}],
+                          max_tokens=12, temperature=0)
+        texts.append(reply.json()["choices"][0]["message"]["content"])
+    after = httpx.get(f"{daemon.url}/stats").json()
+    assert after["prefix_hits"] >= before["prefix_hits"] + 1
+    assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] >= 50
+    assert texts[0] == texts[1] and walk(texts[0])

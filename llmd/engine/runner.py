@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,73 @@ def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
+@dataclass(slots=True)
+class PrefixEntry:
+    """A finished prompt's token ids and its per-layer keys and values (batch of one)."""
+
+    token_ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class PrefixCache:
+    """Recent prompts' KV caches, so a request sharing a prefix skips recomputing it.
+
+    Bounded by a total token count, least recently used first out. The stored tensors are
+    the ones the prompt's prefill produced; DynamicCache replaces (never edits) its tensors
+    as it grows, so keeping references costs no copy.
+    """
+
+    def __init__(self, max_tokens: int, min_match: int) -> None:
+        self.max_tokens = max_tokens
+        self.min_match = min_match
+        self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
+        self._tokens = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def store(self, token_ids: list[int], cache: DynamicCache) -> None:
+        """Remember a completed prompt's cache, evicting the oldest beyond the budget."""
+        if self.max_tokens < len(token_ids):
+            return
+        key = tuple(token_ids)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return
+        layers = [(layer.keys, layer.values) for layer in _layers(cache)]
+        self._entries[key] = PrefixEntry(list(token_ids), layers)
+        self._tokens += len(token_ids)
+        while self._tokens > self.max_tokens:
+            _, evicted = self._entries.popitem(last=False)
+            self._tokens -= len(evicted.token_ids)
+
+    def seed(self, prompt_ids: list[int], cache: DynamicCache) -> int:
+        """Fill `cache` with the longest stored prefix of `prompt_ids`; returns its length.
+
+        At least the prompt's last token is always left to compute, for its logits.
+        """
+        best, length = None, 0
+        for entry in self._entries.values():
+            shared = shared_prefix_length(entry.token_ids, prompt_ids)
+            if shared > length:
+                best, length = entry, shared
+        length = min(length, len(prompt_ids) - 1)
+        if best is None or length < self.min_match:
+            return 0
+        self._entries.move_to_end(tuple(best.token_ids))
+        for layer, (keys, values) in zip(_layers(cache), best.layers, strict=True):
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        self.hits += 1
+        self.reused_tokens += length
+        return length
+
+
+def shared_prefix_length(first: list[int], second: list[int]) -> int:
+    """How many leading token ids the two lists have in common."""
+    pairs = enumerate(zip(first, second, strict=False))
+    return next((i for i, (a, b) in pairs if a != b), min(len(first), len(second)))
+
+
 class ModelRunner:
     """Owns the model; turns prompts and previous tokens into next tokens."""
 
@@ -115,6 +183,7 @@ class ModelRunner:
         self._sequences: dict[str, SequenceState] = {}
         self._batch = DecodeBatch()
         self._prefilling: dict[str, DynamicCache] = {}
+        self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
 
     @torch.inference_mode()
     def prefill(self, request: Request, upto: int | None = None) -> int | None:
@@ -126,7 +195,7 @@ class ModelRunner:
         """
         stop = len(request.prompt_ids) if upto is None else upto
         cache = self._prefilling.get(request.request_id)
-        if cache is None:
+        if cache is None:  # no reuse_prefix() first: compute the whole prompt
             cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
         chunk = request.prompt_ids[request.prefilled : stop]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
@@ -137,6 +206,7 @@ class ModelRunner:
         if not request.prefill_done:
             return None
         del self._prefilling[request.request_id]
+        self.prefix_cache.store(request.prompt_ids, cache)
         state = SequenceState(
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
@@ -146,6 +216,18 @@ class ModelRunner:
         self._sequences[request.request_id] = state
         self._batch.join(request.request_id, cache)
         return self._accept(state, request.params, out.logits[0, -1])
+
+    def reuse_prefix(self, request: Request) -> DynamicCache:
+        """Start the request's cache, seeded with the longest cached prefix of its prompt.
+
+        Moves `request.prefilled` past the reused tokens; the worker calls this on admission,
+        before the scheduler plans the request's prefill chunks.
+        """
+        cache = self._prefilling.get(request.request_id)
+        if cache is None:
+            cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
+            request.prefilled = self.prefix_cache.seed(request.prompt_ids, cache)
+        return cache
 
     def first_token(self, request: Request) -> int:
         """Prefill the whole (rest of the) prompt at once and return the first new token."""

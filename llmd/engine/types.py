@@ -93,3 +93,5 @@ class EngineStats:
     finished: int
     aborted: int
     generated_tokens: int
+    prefix_hits: int
+    prefix_tokens_reused: int

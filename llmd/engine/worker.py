@@ -86,6 +86,8 @@ class EngineWorker:
             finished=self.finished,
             aborted=self.aborted,
             generated_tokens=self.generated_tokens,
+            prefix_hits=self.runner.prefix_cache.hits if self.runner else 0,
+            prefix_tokens_reused=self.runner.prefix_cache.reused_tokens if self.runner else 0,
         )
 
     def _post(self, item: Request | str) -> None:
@@ -144,6 +146,8 @@ class EngineWorker:
             self._outputs[item.request_id] = OutputText(
                 self.tokenizer, item.prompt_ids, item.params.stop
             )
+            assert self.runner is not None
+            self.runner.reuse_prefix(item)
             self.scheduler.add(item)
         elif self.scheduler.abort(item) is not None:
             self._release(item)
