@@ -178,7 +178,6 @@ class ModelRunner:
         self.device = torch.device(profile.device)
         self.model = load_model(model_dir, profile)
         self.vocab_size = int(self.model.config.vocab_size)
-        self.max_positions = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self.eos_token_ids = generation_eos_ids(self.model)
         self._sequences: dict[str, SequenceState] = {}
         self._batch = DecodeBatch()

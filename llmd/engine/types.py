@@ -63,10 +63,6 @@ class Request:
         """Whether the whole prompt is in the KV cache (and the request decodes)."""
         return self.prefilled >= len(self.prompt_ids)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        """Tokens in the prompt."""
-        return len(self.prompt_ids)
 
 
 @dataclass(frozen=True, slots=True)
