@@ -368,3 +368,32 @@ def test_prefix_cache_is_bounded_and_evicts_the_oldest(tiny_model: Path) -> None
     probe = Request("probe2", prompts[2] + [5], greedy(3))
     runner.reuse_prefix(probe)
     assert probe.prefilled == len(prompts[2])
+
+
+def test_an_end_of_sequence_token_finishes_with_stop_and_adds_no_text(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo model never emits EOS, so the runner is made to, on its third step."""
+
+    async def body(engine: EngineClient) -> None:
+        runner = engine._worker.runner
+        assert runner is not None
+        eos = min(engine._worker.eos_token_ids)
+        real_decode = runner.decode
+        calls = {"n": 0}
+
+        def ends_soon(requests: list[Request]) -> list[int]:
+            tokens = real_decode(requests)
+            calls["n"] += len(tokens)
+            return [eos] * len(tokens) if calls["n"] == 3 else tokens
+
+        monkeypatch.setattr(runner, "decode", ends_soon)
+        prompt = await engine.encode_chat(PROMPT)
+        with engine.submit(prompt, greedy(50)) as stream:
+            events = [event async for event in stream]
+        assert events[-1].finish_reason is not None and events[-1].finish_reason.value == "stop"
+        assert events[-1].completion_tokens == 4 and events[-1].text == ""
+        assert "".join(e.text for e in events) == "Hello! I"  # three tokens, then EOS
+        assert engine.stats().running == 0
+
+    run_with_engine(tiny_model, body)
