@@ -78,6 +78,17 @@ class DecodeBatch:
             layer.keys = layer.keys[keep, :, first:]
             layer.values = layer.values[keep, :, first:]
 
+    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """One row's keys and values without its padding, copied out of the batch."""
+        if request_id not in self.request_ids or self.cache is None or self.mask is None:
+            return None
+        row = self.request_ids.index(request_id)
+        start = int(self.mask[row].nonzero()[0])
+        return [
+            (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
+            for layer in _layers(self.cache)
+        ]
+
     def step_mask(self) -> torch.Tensor | None:
         """The attention mask for the next token: None while no row is padded."""
         assert self.mask is not None
@@ -127,13 +138,16 @@ class PrefixCache:
 
     def store(self, token_ids: list[int], cache: DynamicCache) -> None:
         """Remember a completed prompt's cache, evicting the oldest beyond the budget."""
-        if self.max_tokens < len(token_ids):
+        self.store_layers(token_ids, [(layer.keys, layer.values) for layer in _layers(cache)])
+
+    def store_layers(self, token_ids: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Remember per-layer keys and values covering `token_ids`."""
+        if self.max_tokens < len(token_ids) or layers[0][0].shape[2] != len(token_ids):
             return
         key = tuple(token_ids)
         if key in self._entries:
             self._entries.move_to_end(key)
             return
-        layers = [(layer.keys, layer.values) for layer in _layers(cache)]
         self._entries[key] = PrefixEntry(list(token_ids), layers)
         self._tokens += len(token_ids)
         while self._tokens > self.max_tokens:
@@ -258,6 +272,17 @@ class ModelRunner:
             state.position += 1
             tokens[request_id] = self._accept(state, by_id[request_id].params, logits[row])
         return [tokens[request.request_id] for request in requests]
+
+    def retire(self, request: Request) -> None:
+        """Release a finished request, keeping its whole exchange for prefix reuse.
+
+        A chat that grows by a turn re-sends this prompt plus the reply: the cache holds
+        every token but the last sampled one, which was never fed back.
+        """
+        layers = self._batch.row_layers(request.request_id)
+        if layers is not None:
+            self.prefix_cache.store_layers(request.prompt_ids + request.output_ids[:-1], layers)
+        self.release(request.request_id)
 
     def release(self, request_id: str) -> None:
         """Free the KV cache and sampling state of a finished or aborted request."""

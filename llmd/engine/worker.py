@@ -191,7 +191,9 @@ class EngineWorker:
                 text, reason = text + output.finish(), FinishReason.LENGTH
         if reason is not None:
             self.scheduler.finish(request, reason)
-            self._release(request.request_id)
+            self._outputs.pop(request.request_id, None)
+            assert self.runner is not None
+            self.runner.retire(request)
             self.finished += 1
         return TokenEvent(text, len(request.output_ids), reason)
 
