@@ -39,20 +39,26 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
     assert ours == reference[0, len(prompt):].tolist()
 
 
+def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
+    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
+    import llmd.engine.runner as runner_module
+
+    seen: dict[int, list[torch.Tensor]] = {}
+    real_sample = runner_module.sample
+
+    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
+        seen.setdefault(params.max_tokens, []).append(logits.clone())
+        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    return seen
+
+
 def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The demo model's argmax barely depends on context, so compare logits, not tokens."""
-    import llmd.engine.runner as runner_module
-
-    seen: list[torch.Tensor] = []
-    real_sample = runner_module.sample
-
-    def recording_sample(logits: torch.Tensor, *args: object) -> int:
-        seen.append(logits.clone())
-        return real_sample(logits, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    seen = record_logits(monkeypatch)
     runner = ModelRunner(tiny_model, load_profile("cpu"))
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(24))
@@ -60,7 +66,7 @@ def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
     with torch.inference_mode():
         full = runner.model(input_ids=torch.tensor([prompt + generated])).logits[0]
     expected = full[len(prompt) - 1 : len(prompt) + 23]
-    torch.testing.assert_close(torch.stack(seen), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(seen[24]), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_penalized_requests_count_their_own_tokens(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,21 +223,6 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
         assert reason == "length" and text
 
     run_with_engine(tiny_model, body)
-
-
-def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
-    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
-    import llmd.engine.runner as runner_module
-
-    seen: dict[int, list[torch.Tensor]] = {}
-    real_sample = runner_module.sample
-
-    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
-        seen.setdefault(params.max_tokens, []).append(logits.clone())
-        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(runner_module, "sample", recording_sample)
-    return seen
 
 
 def staggered_batch(
