@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -19,6 +20,31 @@ from llmd.errors import ConfigError
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 Positive = Annotated[int, Meta(ge=1)]
+SdpaBackend = Literal["flash", "efficient", "cudnn", "math"]
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from `12GiB`, `24GB`, `512MiB`, `1.5g` or a plain number of bytes.
+
+    GB is 10^9 and GiB 2^30, as printed on cards and by nvidia-smi respectively; a bare `G`
+    means GiB, as in most memory flags.
+    """
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a size cannot be negative: {text}")
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match[2].lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"not a size: `{text}` (examples: 12GiB, 24GB, 512MiB)")
+    return int(float(match[1]) * _SIZE_UNITS[unit])
 
 
 class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -29,13 +55,26 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    sdpa_backends: tuple[SdpaBackend, ...] = ()
+    quantization: Literal["none", "nf4"] = "none"
+    double_quant: bool = True
+    kv_cache: Literal["dynamic", "static"] = "dynamic"
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"
+    prompt_buckets: tuple[Positive, ...] = ()
+    warmup: bool = True
     max_context: Positive = 4096
     max_running: Positive = 1
     max_queue: Annotated[int, Meta(ge=0)] = 64
     prefill_chunk_tokens: Positive = 32
     prefix_cache_tokens: Annotated[int, Meta(ge=0)] = 16384
     prefix_min_match: Positive = 16
+    memory_headroom: str = "0"
     torch_threads: Annotated[int, Meta(ge=0)] = 0
+
+    @property
+    def headroom_bytes(self) -> int:
+        """`memory_headroom` in bytes (validated when the profile loads)."""
+        return parse_size(self.memory_headroom)
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -70,12 +109,50 @@ def load_profile(name_or_path: str) -> Profile:
             raise ConfigError(f"no profile named `{name_or_path}`; shipped profiles: {shipped}")
     values = _read_yaml(path)
     values.setdefault("name", path.stem)
-    return _convert(values, Profile, str(path))
+    profile = _convert(values, Profile, str(path))
+    _check_profile(profile, str(path))
+    return profile
 
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles in `profiles/`."""
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def _check_profile(profile: Profile, source: str) -> None:
+    """Refuse settings that contradict each other, naming both keys."""
+
+    def refuse(key: str, problem: str) -> None:
+        raise ConfigError(f"{source}: key `{key}`: {problem}", param=key)
+
+    try:
+        profile.headroom_bytes  # noqa: B018 - parsing is the check
+    except ValueError as exc:
+        refuse("memory_headroom", str(exc))
+    if profile.sdpa_backends and profile.attn_implementation != "sdpa":
+        refuse("sdpa_backends", "set, but `attn_implementation` is not `sdpa`; drop one of them")
+    if len(set(profile.sdpa_backends)) != len(profile.sdpa_backends):
+        refuse("sdpa_backends", "lists a backend twice")
+    if profile.device == "cpu" and {"flash", "cudnn"} & set(profile.sdpa_backends):
+        refuse("sdpa_backends", "`flash` and `cudnn` run only on CUDA, but `device` is `cpu`")
+    if profile.compile != "none" and profile.kv_cache != "static":
+        refuse("compile", "needs `kv_cache: static` (fixed shapes); with a dynamic cache "
+                          "every step would recompile")
+    if profile.prompt_buckets and profile.compile == "none":
+        refuse("prompt_buckets", "only used by compiled profiles; set `compile` or drop it")
+    if list(profile.prompt_buckets) != sorted(set(profile.prompt_buckets)):
+        refuse("prompt_buckets", "must be strictly increasing")
+    if profile.prompt_buckets and profile.prompt_buckets[-1] > profile.max_context:
+        refuse("prompt_buckets", f"largest bucket {profile.prompt_buckets[-1]} exceeds "
+                                 f"`max_context` {profile.max_context}")
+    if profile.prefill_chunk_tokens > profile.max_context:
+        refuse("prefill_chunk_tokens", f"{profile.prefill_chunk_tokens} exceeds `max_context` "
+                                       f"{profile.max_context}")
+    if profile.prefix_min_match > profile.max_context:
+        refuse("prefix_min_match", f"{profile.prefix_min_match} exceeds `max_context` "
+                                   f"{profile.max_context}")
+    if profile.device == "cpu" and profile.dtype == "float16":
+        refuse("dtype", "float16 matmuls are slow or missing on CPUs; use float32 or bfloat16")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -99,6 +176,9 @@ def _convert(values: dict[str, Any], kind: type[T], source: str) -> T:
         return msgspec.convert(values, kind)
     except msgspec.ValidationError as exc:
         key, problem = _split_validation_error(str(exc))
+        if problem.startswith("Invalid enum value"):
+            choices = _choices(kind, key.split("[")[0])
+            problem += f"; choose one of: {', '.join(choices)}" if choices else ""
         raise ConfigError(f"{source}: key `{key}`: {problem}", param=key) from exc
 
 
@@ -109,6 +189,15 @@ def _check_known(key: object, kind: type[msgspec.Struct], source: str) -> None:
     nearest = difflib.get_close_matches(str(key), fields, n=1)
     hint = f"; did you mean `{nearest[0]}`?" if nearest else f"; valid keys: {', '.join(fields)}"
     raise ConfigError(f"{source}: unknown key `{key}`{hint}", param=str(key))
+
+
+def _choices(kind: type[msgspec.Struct], field: str) -> list[str]:
+    """The allowed values of a Literal field (or of a tuple of Literals)."""
+    hint = typing.get_type_hints(kind).get(field)
+    while hint is not None and typing.get_origin(hint) is not Literal:
+        args = typing.get_args(hint)
+        hint = args[0] if args else None
+    return [str(choice) for choice in typing.get_args(hint)] if hint is not None else []
 
 
 def _split_validation_error(message: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llmd.config import Profile, load_profile, load_settings, shipped_profiles
+from llmd.config import Profile, load_profile, load_settings, parse_size, shipped_profiles
 from llmd.errors import ConfigError
 
 
@@ -70,3 +70,57 @@ def test_settings_not_a_mapping(tmp_path: Path) -> None:
     path.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_settings(path, {})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("12GiB", 12 * 2**30), ("24GB", 24 * 10**9), ("512MiB", 512 * 2**20), ("1.5g", 3 * 2**29),
+     ("0", 0), ("100", 100)],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "12 parsecs", "-1GiB", "GiB", "1.2.3GB"])
+def test_parse_size_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "problem"),
+    [
+        ("compile: default\n", "compile", "kv_cache: static"),
+        ("attn_implementation: eager\nsdpa_backends: [math]\n", "sdpa_backends", "attn_implementation"),
+        ("sdpa_backends: [flash]\n", "sdpa_backends", "only on CUDA"),
+        ("sdpa_backends: [math, math]\n", "sdpa_backends", "twice"),
+        ("prompt_buckets: [128]\n", "prompt_buckets", "compiled profiles"),
+        ("kv_cache: static\ncompile: default\nprompt_buckets: [512, 128]\n", "prompt_buckets",
+         "increasing"),
+        ("kv_cache: static\ncompile: default\nmax_context: 256\nprompt_buckets: [128, 512]\n",
+         "prompt_buckets", "exceeds `max_context` 256"),
+        ("max_context: 64\nprefill_chunk_tokens: 128\n", "prefill_chunk_tokens", "max_context"),
+        ("memory_headroom: lots\n", "memory_headroom", "not a size"),
+        ("dtype: float16\n", "dtype", "float32 or bfloat16"),
+        ("sdpa_backends: [fast]\n", "sdpa_backends", "one of: flash, efficient, cudnn, math"),
+        ("quantization: int3\n", "quantization", "one of: none, nf4"),
+    ],
+)
+def test_contradictions_name_the_key(tmp_path: Path, body: str, key: str, problem: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        load_profile(str(path))
+    assert str(path) in err.value.message and f"`{key}" in err.value.message
+    assert problem in err.value.message
+
+
+def test_shipped_gpu_profiles_are_what_the_names_say() -> None:
+    compiled = load_profile("24gb-bf16-compile")
+    assert compiled.device == "cuda" and compiled.dtype == "bfloat16"
+    assert compiled.kv_cache == "static" and compiled.compile != "none"
+    assert compiled.max_context >= 8192 and compiled.max_running >= 2
+    four_bit = load_profile("12gb-4bit")
+    assert four_bit.quantization == "nf4" and four_bit.double_quant
+    assert four_bit.dtype == "bfloat16" and four_bit.attn_implementation == "sdpa"
+    assert four_bit.max_context >= 8192 and four_bit.max_running >= 2
