@@ -66,6 +66,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_running: Positive = 1
     max_queue: Annotated[int, Meta(ge=0)] = 64
     prefill_chunk_tokens: Positive = 32
+    max_step_tokens: Positive = 2048
     prefix_cache_tokens: Annotated[int, Meta(ge=0)] = 16384
     prefix_min_match: Positive = 16
     memory_headroom: str = "0"
@@ -148,6 +149,9 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.prefill_chunk_tokens > profile.max_context:
         refuse("prefill_chunk_tokens", f"{profile.prefill_chunk_tokens} exceeds `max_context` "
                                        f"{profile.max_context}")
+    if profile.max_step_tokens < profile.prefill_chunk_tokens:
+        refuse("max_step_tokens", f"{profile.max_step_tokens} is below `prefill_chunk_tokens` "
+                                  f"{profile.prefill_chunk_tokens}; a step must fit one chunk")
     if profile.prefix_min_match > profile.max_context:
         refuse("prefix_min_match", f"{profile.prefix_min_match} exceeds `max_context` "
                                    f"{profile.max_context}")

@@ -266,6 +266,38 @@ def test_batched_decode_equals_each_request_alone(tiny_model: Path, monkeypatch:
                                    rtol=1e-4, atol=1e-4)
 
 
+def test_a_burst_prefilled_together_equals_each_request_alone(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokenizer = ChatTokenizer(tiny_model)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (5 * k + 1)}]) for k in range(5)]
+    early = Request("early", prompts[0], greedy(99))
+    runner.first_token(early)  # already decoding when the burst arrives
+    burst = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    firsts = runner.prefill_many([(r, len(r.prompt_ids)) for r in burst])
+    together = {r.request_id: [first] for r, first in zip(burst, firsts, strict=True)}
+    for _ in range(8):
+        for request, token in zip(burst, runner.decode([early, *burst])[1:], strict=True):
+            together[request.request_id].append(token)
+    batched_logits = {k: list(v) for k, v in seen.items()}
+    entry = next(iter(runner.prefix_cache._entries.values()))
+    keys = entry.layers[0][0]
+    assert keys.untyped_storage().nbytes() == keys.numel() * keys.element_size(), "a view of the batch"
+    for request in (early, *burst):
+        runner.release(request.request_id)
+    seen.clear()
+    runner.prefix_cache = type(runner.prefix_cache)(0, 1)  # no reuse: each alone computes its prompt
+    for k, prompt in enumerate(prompts):
+        alone = Request(f"a{k}", prompt, greedy(100 + k))
+        solo = [runner.first_token(alone)] + [runner.decode([alone])[0] for _ in range(8)]
+        runner.release(alone.request_id)
+        assert solo == together[f"b{k}"], k
+        torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
 def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
     runner = ModelRunner(tiny_model, load_profile("cpu"))
     tokenizer = ChatTokenizer(tiny_model)

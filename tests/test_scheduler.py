@@ -1,8 +1,8 @@
-"""The scheduler alone: admission order, limits, chunked prefill, abort, finish."""
+"""The scheduler alone: admission order, limits, per-step prefill budget, abort, finish."""
 
 from __future__ import annotations
 
-from llmd.engine.scheduler import PrefillChunk, Scheduler, StepPlan
+from llmd.engine.scheduler import Scheduler, StepPlan
 from llmd.engine.types import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -14,46 +14,64 @@ def ids(requests: list[Request]) -> list[str]:
     return [r.request_id for r in requests]
 
 
-def run_chunk(plan: StepPlan) -> PrefillChunk:
-    """What the runner does with a chunk: the prompt is in the cache up to its stop."""
-    assert plan.prefill is not None
-    plan.prefill.request.prefilled = plan.prefill.stop
-    return plan.prefill
+def run_chunks(plan: StepPlan) -> list[tuple[str, int, int, bool]]:
+    """What the runner does with the chunks: each prompt is in the cache up to its stop."""
+    done = []
+    for chunk in plan.prefill:
+        chunk.request.prefilled = chunk.stop
+        done.append((chunk.request.request_id, chunk.start, chunk.stop, chunk.completes_prompt))
+    return done
 
 
-def test_first_come_first_served_one_prefill_at_a_time() -> None:
-    scheduler = Scheduler(max_running=2, prefill_chunk_tokens=100)
+def test_a_burst_is_prefilled_together_up_to_the_running_limit() -> None:
+    scheduler = Scheduler(max_running=2, prefill_chunk_tokens=4, max_step_tokens=100)
     for name in "abc":
         scheduler.add(request(name))
     plan = scheduler.schedule()
-    assert run_chunk(plan).request.request_id == "a" and plan.decode == []
+    assert run_chunks(plan) == [("a", 0, 3, True), ("b", 0, 3, True)] and plan.decode == []
     plan = scheduler.schedule()
-    assert ids(plan.decode) == ["a"] and run_chunk(plan).request.request_id == "b"
-    plan = scheduler.schedule()
-    assert ids(plan.decode) == ["a", "b"] and plan.prefill is None  # running set is full
+    assert ids(plan.decode) == ["a", "b"] and plan.prefill == []  # running set is full
     assert ids(list(scheduler.waiting)) == ["c"]
 
 
-def test_alone_the_whole_prompt_goes_at_once() -> None:
-    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8)
+def test_first_come_first_served_within_the_budget() -> None:
+    scheduler = Scheduler(max_running=8, prefill_chunk_tokens=4, max_step_tokens=10)
+    for name, size in (("a", 4), ("b", 4), ("c", 4), ("d", 1)):
+        scheduler.add(request(name, size))
+    # a and b fit whole; c would need splitting and is not the oldest: it waits, and so
+    # does d behind it, although d alone would fit the 2 tokens left.
+    assert run_chunks(scheduler.schedule()) == [("a", 0, 4, True), ("b", 0, 4, True)]
+    plan = scheduler.schedule()
+    assert ids(plan.decode) == ["a", "b"]
+    assert run_chunks(plan) == [("c", 0, 4, True)]  # others decode now: the budget is 4
+    assert run_chunks(scheduler.schedule()) == [("d", 0, 1, True)]
+
+
+def test_alone_the_whole_prompt_goes_at_once_up_to_the_step_budget() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=64)
     scheduler.add(request("long", prompt_tokens=50))
-    chunk = run_chunk(scheduler.schedule())
-    assert (chunk.start, chunk.stop, chunk.completes_prompt) == (0, 50, True)
+    assert run_chunks(scheduler.schedule()) == [("long", 0, 50, True)]
+    scheduler.add(request("longer", prompt_tokens=100))
+    scheduler.finish(scheduler.running[0], FinishReason.LENGTH)
+    assert run_chunks(scheduler.schedule()) == [("longer", 0, 64, False)]
+    assert run_chunks(scheduler.schedule()) == [("longer", 64, 100, True)]
 
 
 def test_while_others_decode_a_long_prompt_is_split_into_budgeted_chunks() -> None:
-    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8)
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=1000)
     scheduler.add(request("a"))
-    run_chunk(scheduler.schedule())
+    run_chunks(scheduler.schedule())
     scheduler.add(request("long", prompt_tokens=20))
+    scheduler.add(request("short", prompt_tokens=2))
     chunks = []
     for _ in range(3):
         plan = scheduler.schedule()
         assert ids(plan.decode) == ["a"]
-        chunks.append(run_chunk(plan))
-    assert [(c.start, c.stop, c.completes_prompt) for c in chunks] == [
-        (0, 8, False), (8, 16, False), (16, 20, True)]
-    assert ids(scheduler.schedule().decode) == ["a", "long"]
+        chunks += run_chunks(plan)
+    # the short one is not let past the long one's chunks, but shares its last step
+    assert chunks == [("long", 0, 8, False), ("long", 8, 16, False), ("long", 16, 20, True),
+                      ("short", 0, 2, True)]
+    assert ids(scheduler.schedule().decode) == ["a", "long", "short"]
 
 
 def test_a_finished_request_frees_its_slot_for_the_next_waiting() -> None:
@@ -61,11 +79,11 @@ def test_a_finished_request_frees_its_slot_for_the_next_waiting() -> None:
     a, b = request("a"), request("b")
     scheduler.add(a)
     scheduler.add(b)
-    run_chunk(scheduler.schedule())
-    assert scheduler.schedule().prefill is None
+    run_chunks(scheduler.schedule())
+    assert scheduler.schedule().prefill == []
     scheduler.finish(a, FinishReason.LENGTH)
     assert a.status is RequestStatus.FINISHED and a.finish_reason is FinishReason.LENGTH
-    assert run_chunk(scheduler.schedule()).request is b
+    assert run_chunks(scheduler.schedule()) == [("b", 0, 3, True)]
 
 
 def test_abort_while_waiting_mid_prefill_and_while_running() -> None:
@@ -73,13 +91,18 @@ def test_abort_while_waiting_mid_prefill_and_while_running() -> None:
     a, b, c = request("a"), request("b", prompt_tokens=9), request("c")
     for r in (a, b, c):
         scheduler.add(r)
-    run_chunk(scheduler.schedule())
-    run_chunk(scheduler.schedule())  # b is mid-prefill now
-    assert not b.prefill_done
+    run_chunks(scheduler.schedule())  # a, alone: budget 2 covers its first 2 tokens only
+    run_chunks(scheduler.schedule())
+    run_chunks(scheduler.schedule())  # b is mid-prefill now
+    assert a.prefill_done and 0 < b.prefilled < 9
     assert scheduler.abort("c") is c and c.status is RequestStatus.ABORTED
     assert scheduler.abort("b") is b and b.status is RequestStatus.ABORTED
     assert scheduler.abort("a") is a and scheduler.abort("a") is None
     assert scheduler.schedule().idle and not scheduler.has_work
+
+
+def test_step_budget_is_never_below_the_chunk_budget() -> None:
+    assert Scheduler(max_running=3, prefill_chunk_tokens=8, max_step_tokens=2).max_step_tokens == 8
 
 
 def test_idle_plan_when_nothing_is_queued() -> None:

@@ -219,16 +219,69 @@ class ModelRunner:
         if not request.prefill_done:
             return None
         del self._prefilling[request.request_id]
+        return self._start_decoding(request, cache, out.logits[0, -1])
+
+    def prefill_many(self, chunks: list[tuple[Request, int]]) -> list[int | None]:
+        """Prefill several requests' chunks; returns each one's first token or None.
+
+        Whole prompts with nothing cached yet go through the model together, left-padded into
+        one batch: a burst of newcomers costs one forward pass instead of one each. Anything
+        else (a split prompt, a reused prefix) runs on its own.
+        """
+        fresh = [
+            request for request, stop in chunks
+            if request.prefilled == 0 and stop == len(request.prompt_ids)
+        ]
+        together = self._prefill_together(fresh) if len(fresh) > 1 else {}
+        return [
+            together[request.request_id] if request.request_id in together else self.prefill(request, stop)
+            for request, stop in chunks
+        ]
+
+    @torch.inference_mode()
+    def _prefill_together(self, requests: list[Request]) -> dict[str, int]:
+        width = max(len(request.prompt_ids) for request in requests)
+        ids = torch.zeros((len(requests), width), dtype=torch.long)
+        mask = torch.zeros((len(requests), width), dtype=torch.long)
+        positions = torch.zeros((len(requests), width), dtype=torch.long)
+        for row, request in enumerate(requests):
+            length = len(request.prompt_ids)
+            ids[row, width - length :] = torch.tensor(request.prompt_ids)
+            mask[row, width - length :] = 1
+            positions[row, width - length :] = torch.arange(length)
+        cache = DynamicCache(config=self.model.config)
+        self._use_threads(int(mask.sum()))
+        out = self.model(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device), cache=cache, use_cache=True, logits_to_keep=1,
+        )
+        tokens = {}
+        for row, request in enumerate(requests):
+            start = width - len(request.prompt_ids)
+            own = DynamicCache(config=self.model.config)
+            for layer, stacked in zip(_layers(own), _layers(cache), strict=True):
+                # copies: a view would keep the whole padded batch alive in the prefix cache
+                keys = stacked.keys[row : row + 1, :, start:].clone()
+                values = stacked.values[row : row + 1, :, start:].clone()
+                layer.lazy_initialization(keys, values)
+                layer.keys, layer.values = keys, values
+            self._prefilling.pop(request.request_id, None)
+            request.prefilled = len(request.prompt_ids)
+            tokens[request.request_id] = self._start_decoding(request, own, out.logits[row, -1])
+        return tokens
+
+    def _start_decoding(self, request: Request, cache: DynamicCache, logits: torch.Tensor) -> int:
+        """A fully prefilled request: remember its prompt, join the batch, sample token one."""
         self.prefix_cache.store(request.prompt_ids, cache)
         state = SequenceState(
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
             last_token=-1,
-            position=stop,
+            position=len(request.prompt_ids),
         )
         self._sequences[request.request_id] = state
         self._batch.join(request.request_id, cache)
-        return self._accept(state, request.params, out.logits[0, -1])
+        return self._accept(state, request.params, logits)
 
     def reuse_prefix(self, request: Request) -> DynamicCache:
         """Start the request's cache, seeded with the longest cached prefix of its prompt.

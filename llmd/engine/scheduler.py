@@ -6,6 +6,7 @@ Pure Python, no torch: unit-tested without a model.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from llmd.engine.types import FinishReason, Request, RequestStatus
@@ -27,29 +28,34 @@ class PrefillChunk:
 
 @dataclass(slots=True)
 class StepPlan:
-    """The work of one engine step: decode the running batch, then at most one chunk."""
+    """The work of one engine step: decode the running batch, then the planned prefill chunks."""
 
     decode: list[Request] = field(default_factory=list)
-    prefill: PrefillChunk | None = None
+    prefill: list[PrefillChunk] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
         """True when there is nothing to compute."""
-        return self.prefill is None and not self.decode
+        return not self.prefill and not self.decode
 
 
 class Scheduler:
     """Keeps the waiting queue and the running set of the one worker.
 
-    One request at a time is prefilled, first come first served. While others decode,
-    its prompt goes in chunks of `prefill_chunk_tokens`, one chunk per step, so a long
-    newcomer never freezes the running streams for its whole prefill; with nobody
-    decoding, the whole prompt goes at once.
+    Prompts are prefilled first come, first served, within a token budget per step. While
+    others decode the budget is `prefill_chunk_tokens`, so a long newcomer is spread over
+    several steps instead of freezing the running streams for its whole prefill; with nobody
+    decoding it is `max_step_tokens`, so a burst of newcomers is prefilled together in one
+    batched pass. Only the oldest unfinished prompt is ever split: requests behind it wait
+    until it is done, so nobody is overtaken and a long prompt cannot starve.
     """
 
-    def __init__(self, max_running: int, prefill_chunk_tokens: int) -> None:
+    def __init__(
+        self, max_running: int, prefill_chunk_tokens: int, max_step_tokens: int | None = None
+    ) -> None:
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.max_step_tokens = max(max_step_tokens or prefill_chunk_tokens, prefill_chunk_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -59,21 +65,29 @@ class Scheduler:
         self.waiting.append(request)
 
     def schedule(self) -> StepPlan:
-        """Everyone prefilled decodes; the oldest unprefilled request gets the next chunk."""
+        """Everyone prefilled decodes; the oldest unprefilled prompts share the step's budget."""
         plan = StepPlan(decode=[r for r in self.running if r.prefill_done])
-        prefilling = next((r for r in self.running if not r.prefill_done), None)
-        if prefilling is None and self.waiting and len(self.running) < self.max_running:
-            prefilling = self.waiting.popleft()
-            prefilling.status = RequestStatus.RUNNING
-            self.running.append(prefilling)
-        if prefilling is not None:
-            plan.prefill = self._chunk(prefilling, chunked=bool(plan.decode))
+        budget = self.prefill_chunk_tokens if plan.decode else self.max_step_tokens
+        for request in self._prefill_candidates():
+            remaining = len(request.prompt_ids) - request.prefilled
+            size = min(remaining, budget)
+            if size < remaining and plan.prefill:
+                break  # a later prompt is only split when it is the oldest in line
+            if request.status is RequestStatus.WAITING:
+                self.waiting.popleft()
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+            plan.prefill.append(PrefillChunk(request, request.prefilled, request.prefilled + size))
+            budget -= size
+            if budget <= 0:
+                break
         return plan
 
-    def _chunk(self, request: Request, chunked: bool) -> PrefillChunk:
-        remaining = len(request.prompt_ids) - request.prefilled
-        size = min(remaining, self.prefill_chunk_tokens) if chunked else remaining
-        return PrefillChunk(request, request.prefilled, request.prefilled + size)
+    def _prefill_candidates(self) -> Iterator[Request]:
+        """Unfinished prompts in arrival order: those already running, then admissible waiters."""
+        yield from (r for r in self.running if not r.prefill_done)
+        while self.waiting and len(self.running) < self.max_running:
+            yield self.waiting[0]  # resumed only once the caller has admitted it
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a completed request out of the running set."""

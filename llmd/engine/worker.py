@@ -46,7 +46,7 @@ class EngineWorker:
         self.model_dir = model_dir
         self.profile = profile
         self.hooks = hooks
-        self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens)
+        self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens, profile.max_step_tokens)
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -159,20 +159,20 @@ class EngineWorker:
         if plan.idle:
             return
         events: list[tuple[str, TokenEvent]] = []
-        # Running streams get their token first; a newcomer joins the batch after its prefill.
-        chunk = plan.prefill
-        stepped = plan.decode + ([chunk.request] if chunk is not None else [])
+        # Running streams get their token first; newcomers join the batch after their prefill.
+        stepped = plan.decode + [chunk.request for chunk in plan.prefill]
         try:
             tokens = self.runner.decode(plan.decode)
-            first = self.runner.prefill(chunk.request, chunk.stop) if chunk is not None else None
+            firsts = self.runner.prefill_many([(chunk.request, chunk.stop) for chunk in plan.prefill])
         except Exception as exc:  # one failed step must not end the daemon
             log.exception("engine step failed")
             self._fail(stepped, exc, events)
         else:
             for request, token in zip(plan.decode, tokens, strict=True):
                 events.append((request.request_id, self._advance(request, token)))
-            if chunk is not None and first is not None:
-                events.append((chunk.request.request_id, self._advance(chunk.request, first)))
+            for chunk, first in zip(plan.prefill, firsts, strict=True):
+                if first is not None:
+                    events.append((chunk.request.request_id, self._advance(chunk.request, first)))
         self.steps += 1
         self.hooks.deliver(events)
 
