@@ -134,8 +134,9 @@ def _check_profile(profile: Profile, source: str) -> None:
         refuse("sdpa_backends", "set, but `attn_implementation` is not `sdpa`; drop one of them")
     if len(set(profile.sdpa_backends)) != len(profile.sdpa_backends):
         refuse("sdpa_backends", "lists a backend twice")
-    if profile.device == "cpu" and {"flash", "cudnn"} & set(profile.sdpa_backends):
-        refuse("sdpa_backends", "`flash` and `cudnn` run only on CUDA, but `device` is `cpu`")
+    if profile.device == "cpu" and {"efficient", "cudnn"} & set(profile.sdpa_backends):
+        refuse("sdpa_backends", "`efficient` and `cudnn` run only on CUDA, but `device` is `cpu`; "
+                                "the CPU has `flash` and `math`")
     if profile.compile != "none" and profile.kv_cache != "static":
         refuse("compile", "needs `kv_cache: static` (fixed shapes); with a dynamic cache "
                           "every step would recompile")

@@ -111,6 +111,12 @@ class EngineFailure(LlmdError):
     code = "engine_error"
 
 
+class PreflightRefusal(LlmdError):
+    """The model would not fit, or did not land where the profile says: refuse to serve."""
+
+    code = "preflight_refused"
+
+
 class ConfigError(LlmdError):
     """Settings or a profile are invalid; names the file, the key and a fix."""
 

@@ -92,7 +92,7 @@ def test_parse_size_refuses(text: str) -> None:
     [
         ("compile: default\n", "compile", "kv_cache: static"),
         ("attn_implementation: eager\nsdpa_backends: [math]\n", "sdpa_backends", "attn_implementation"),
-        ("sdpa_backends: [flash]\n", "sdpa_backends", "only on CUDA"),
+        ("sdpa_backends: [cudnn]\n", "sdpa_backends", "only on CUDA"),
         ("sdpa_backends: [math, math]\n", "sdpa_backends", "twice"),
         ("prompt_buckets: [128]\n", "prompt_buckets", "compiled profiles"),
         ("kv_cache: static\ncompile: default\nprompt_buckets: [512, 128]\n", "prompt_buckets",

@@ -16,13 +16,11 @@ from typing import Any
 
 import psutil
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
-from transformers.utils import logging as hf_logging
+from transformers import DynamicCache, PreTrainedModel
 
 from llmd.config import Profile
+from llmd.engine.loader import load_model
 from llmd.engine.types import Request, SamplingParams
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -190,7 +188,7 @@ class ModelRunner:
         self._threads_in_use = 0
         self.profile = profile
         self.device = torch.device(profile.device)
-        self.model = load_model(model_dir, profile)
+        self.model, self.load_report = load_model(model_dir, profile)
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_token_ids = generation_eos_ids(self.model)
         self._sequences: dict[str, SequenceState] = {}
@@ -403,19 +401,6 @@ class ThreadPlan:
     def for_rows(self, rows: int) -> int:
         """Threads for a forward pass over `rows` new positions (a prompt, or a batch)."""
         return self.lone_decode if rows == 1 else self.compute
-
-
-def load_model(model_dir: str | Path, profile: Profile) -> PreTrainedModel:
-    """Load the weights onto the profile's device in its dtype, ready for inference."""
-    hf_logging.disable_progress_bar()  # a progress bar per load is noise in a service log
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir),
-        dtype=DTYPES[profile.dtype],
-        attn_implementation=profile.attn_implementation,
-    )
-    model.to(torch.device(profile.device))  # type: ignore[arg-type]
-    model.eval()
-    return model
 
 
 def generation_eos_ids(model: PreTrainedModel) -> frozenset[int]:

@@ -19,6 +19,7 @@ import torch
 
 from llmd.config import Profile
 from llmd.engine.detokenizer import OutputText
+from llmd.engine.loader import sdpa_preference
 from llmd.engine.runner import ModelRunner
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
@@ -53,6 +54,7 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
         self._outputs: dict[str, OutputText] = {}
         self.steps = self.generated_tokens = self.finished = self.aborted = 0
+        self.load_seconds = self.warmup_seconds = 0.0
         self.runner: ModelRunner | None = None
         self.tokenizer: ChatTokenizer | None = None
         self.eos_token_ids: frozenset[int] = frozenset()
@@ -103,21 +105,28 @@ class EngineWorker:
             self.hooks.on_fatal(exc)
             return
         self.hooks.on_ready()
-        while self._wait_for_work():
-            self._step()
+        with sdpa_preference(self.profile):
+            while self._wait_for_work():
+                self._step()
 
     def _load(self) -> None:
-        started = time.perf_counter()
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
         threads, detail = self.runner.threads, ""
         if threads is not None:
-            detail = f" ({threads.lone_decode} threads for one stream, {threads.compute} otherwise)"
-        log.info("model loaded in %.2f s on %s%s", time.perf_counter() - started, self.profile.device, detail)
-        started = time.perf_counter()
-        self._warm_up()
-        log.info("warm-up done in %.2f s", time.perf_counter() - started)
+            detail = f"; {threads.lone_decode} threads for one stream, {threads.compute} otherwise"
+        report = self.runner.load_report
+        log.info("model loaded in %.2f s on %s: %.1f MiB of weights, %.1f MiB on the device%s",
+                 report.seconds, report.device, report.weight_bytes / 2**20, report.device_bytes / 2**20,
+                 detail)
+        self.load_seconds = report.seconds
+        if self.profile.warmup:
+            started = time.perf_counter()
+            with sdpa_preference(self.profile):
+                self._warm_up()
+            self.warmup_seconds = time.perf_counter() - started
+            log.info("warm-up done in %.2f s", self.warmup_seconds)
 
     def _warm_up(self) -> None:
         assert self.runner is not None and self.tokenizer is not None
