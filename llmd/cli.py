@@ -1,4 +1,4 @@
-"""`llmd serve | demo-model | bench`: wires settings → profile → engine → app → uvicorn."""
+"""`llmd serve | check | demo-model | bench`: settings → profile → preflight → engine → app → uvicorn."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from llmd.config import Profile, Settings, load_profile, load_settings
-from llmd.errors import EXIT_CONFIG, ConfigError
+from llmd.errors import (
+    EXIT_CONFIG,
+    EXIT_DEVICE_UNAVAILABLE,
+    EXIT_PREFLIGHT,
+    ConfigError,
+    DeviceUnavailable,
+    PreflightRefusal,
+)
+from llmd.preflight import MemoryPlan, plan_for_model, render_plan
 
 log = logging.getLogger("llmd")
 
@@ -31,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llmd: configuration error: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
+    except DeviceUnavailable as exc:
+        print(f"llmd: device unavailable: {exc.message}", file=sys.stderr)
+        return EXIT_DEVICE_UNAVAILABLE
+    except PreflightRefusal as exc:
+        print(f"llmd: preflight refused: {exc.message}", file=sys.stderr)
+        return EXIT_PREFLIGHT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llmd", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     add_serve_command(commands.add_parser("serve", help="serve a model over the OpenAI API"))
+    add_check_command(commands.add_parser("check", help="plan memory: will the model fit this profile?"))
     add_demo_model_command(commands.add_parser("demo-model", help="write the offline demo model"))
     bench = commands.add_parser("bench", help="measure streaming latency and throughput")
     from llmd import bench as bench_module
@@ -59,6 +74,17 @@ def add_serve_command(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=run_serve)
 
 
+def add_check_command(parser: argparse.ArgumentParser) -> None:
+    """Flags of `llmd check`: the model and profile as for `serve`, and an optional card size."""
+    parser.add_argument("--config", type=Path, help="settings YAML file (its model and profile)")
+    parser.add_argument("--model", help="model directory or local HF cache id (default: demo model)")
+    parser.add_argument("--profile", help="shipped profile name or profile YAML path (default: cpu)")
+    parser.add_argument("--gpu-memory", metavar="SIZE",
+                        help="plan a CUDA profile against a card of this size (12GiB, 24GB) instead of "
+                             "measuring free memory; works on any machine")
+    parser.set_defaults(run=run_check)
+
+
 def add_demo_model_command(parser: argparse.ArgumentParser) -> None:
     """Flags of `llmd demo-model`."""
     parser.add_argument("directory", type=Path)
@@ -76,6 +102,21 @@ def run_demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_check(args: argparse.Namespace) -> int:
+    """Print the memory plan: exit 0 when it fits, EXIT_PREFLIGHT when it does not."""
+    plan = check_plan(args)
+    print(render_plan(plan))
+    return 0 if plan.fits else EXIT_PREFLIGHT
+
+
+def check_plan(args: argparse.Namespace) -> MemoryPlan:
+    """The memory plan `llmd check` prints, for the model and profile `serve` would use."""
+    settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
+    profile = load_profile(settings.profile)
+    model_dir, model_id = resolve_model(settings)
+    return plan_for_model(model_dir, profile, args.gpu_memory, label=model_id)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Load settings and profile, then serve until a signal or a fatal engine error."""
     keys = ("model", "served_model_name", "profile", "host", "port", "log_level")
@@ -84,8 +125,20 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     profile = load_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
+    if not preflight_passes(model_dir, model_id, profile):
+        return EXIT_PREFLIGHT
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(settings, profile, model_dir, model_id))
+
+
+def preflight_passes(model_dir: str, model_id: str, profile: Profile) -> bool:
+    """Plan memory before any weight is loaded; log the plan, with its fixes when it cannot fit."""
+    plan = plan_for_model(model_dir, profile, label=model_id)
+    if plan.fits:
+        log.info("memory plan:\n%s", render_plan(plan))
+        return True
+    log.error("not loading %s: it does not fit (exit %d)\n%s", model_dir, EXIT_PREFLIGHT, render_plan(plan))
+    return False
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -1,7 +1,7 @@
 """One exception hierarchy. Each error knows its HTTP status and its OpenAI error type.
 
 The API layer renders any `LlmdError` as `{"error": {message, type, param, code}}`; the CLI
-turns a `ConfigError` or `PreflightRefusal` into a documented exit code.
+turns a `ConfigError`, `PreflightRefusal` or `DeviceUnavailable` into a documented exit code.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 # Exit codes the CLI and the systemd unit agree on: a restart cannot fix these.
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h
 EXIT_PREFLIGHT = 77
+EXIT_DEVICE_UNAVAILABLE = 69  # EX_UNAVAILABLE: the GPU is not up yet; a later restart may work
 
 
 class LlmdError(Exception):
@@ -114,7 +115,14 @@ class EngineFailure(LlmdError):
 class PreflightRefusal(LlmdError):
     """The model would not fit, or did not land where the profile says: refuse to serve."""
 
+    status = 503
     code = "preflight_refused"
+
+
+class DeviceUnavailable(PreflightRefusal):
+    """The profile's device is missing right now (driver not loaded yet): retry later, never fall back."""
+
+    code = "device_unavailable"
 
 
 class ConfigError(LlmdError):

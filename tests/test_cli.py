@@ -1,16 +1,20 @@
-"""The `llmd` command line: demo model, the default model, configuration errors."""
+"""The `llmd` command line: demo model, the default model, configuration errors, the memory check."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from llmd.demo_model import read_demo_cycle
-from llmd.errors import EXIT_CONFIG
+from llmd.errors import EXIT_CONFIG, EXIT_DEVICE_UNAVAILABLE, EXIT_PREFLIGHT
 from tests.conftest import start_daemon
+from tests.test_preflight import LLAMA_3_1_8B
 
 
 def llmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -44,5 +48,65 @@ def test_serve_without_a_model_builds_and_serves_the_demo_model(tmp_path: Path) 
             "model": "llmd-demo", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 3, "temperature": 0})
         assert reply.json()["choices"][0]["message"]["content"] == "Hello! I"
+        assert "memory plan: llmd-demo with profile cpu" in daemon.log() and "FITS" in daemon.log()
     finally:
         assert daemon.stop() == 0, daemon.log()
+
+
+def write_profile(path: Path, yaml_text: str) -> Path:
+    path.write_text(yaml_text)
+    return path
+
+
+def llama_8b_config_only(tmp_path: Path) -> Path:
+    """A Llama-3.1-8B model directory with its config.json and no weights."""
+    model = tmp_path / "Llama-3.1-8B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_3_1_8B))
+    return model
+
+
+def test_check_prints_the_plan_and_exits_0_when_it_fits(tiny_model: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model), "--profile", "cpu")
+    assert result.returncode == 0, result.stderr
+    assert "weights" in result.stdout and "kv cache" in result.stdout
+    assert "available RAM now" in result.stdout and "FITS" in result.stdout
+
+
+def test_check_exits_77_with_the_fixes_when_it_does_not_fit(tiny_model: Path, tmp_path: Path) -> None:
+    crowded = write_profile(tmp_path / "crowded.yaml", "device: cpu\nmax_running: 100000000\n")
+    result = llmd("check", "--model", str(tiny_model), "--profile", str(crowded))
+    assert result.returncode == EXIT_PREFLIGHT, result.stderr
+    assert "DOES NOT FIT" in result.stdout and "  max_running: " in result.stdout
+    assert "a machine with at least" in result.stdout
+
+
+def test_check_plans_a_gpu_profile_for_a_given_card_on_any_machine(tmp_path: Path) -> None:
+    model = llama_8b_config_only(tmp_path)
+    fits = llmd("check", "--model", str(model), "--profile", "24gb-bf16-compile", "--gpu-memory", "24GiB")
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert "memory plan: Llama-3.1-8B" in fits.stdout and "--gpu-memory 24GiB" in fits.stdout
+    refused = llmd("check", "--model", str(model), "--profile", "24gb-bf16-compile", "--gpu-memory", "12GiB")
+    assert refused.returncode == EXIT_PREFLIGHT
+    assert "--profile 12gb-4bit" in refused.stdout and "fits" in refused.stdout
+
+
+def test_check_without_cuda_refuses_a_cuda_profile_and_names_gpu_memory(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: the plan measures it")
+    result = llmd("check", "--model", str(llama_8b_config_only(tmp_path)), "--profile", "12gb-4bit")
+    assert result.returncode == EXIT_DEVICE_UNAVAILABLE  # not 77: systemd restarts it once the driver is up
+    assert "CUDA is not available here" in result.stderr and "--gpu-memory" in result.stderr
+
+
+def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_path: Path) -> None:
+    model = tmp_path / "config-only"  # no weights, no tokenizer: loading would fail with 1
+    model.mkdir()
+    shutil.copy(tiny_model / "config.json", model)
+    greedy = write_profile(tmp_path / "greedy.yaml", "device: cpu\nmemory_headroom: 100TiB\n")
+    result = llmd("serve", "--model", str(model), "--profile", str(greedy), "--port", "0")
+    assert result.returncode == EXIT_PREFLIGHT, result.stderr
+    assert "does not fit" in result.stderr and "DOES NOT FIT" in result.stderr
+    assert "a machine with at least" in result.stderr and "serving" not in result.stderr

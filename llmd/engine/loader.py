@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
-from llmd.errors import PreflightRefusal
+from llmd.errors import DeviceUnavailable, PreflightRefusal
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = {
@@ -78,7 +78,7 @@ def target_device(profile: Profile) -> torch.device:
     """The one device everything goes to; a CUDA profile without CUDA is a refusal."""
     if profile.device == "cuda":
         if not torch.cuda.is_available():
-            raise PreflightRefusal(
+            raise DeviceUnavailable(
                 f"profile `{profile.name}` needs CUDA, but torch sees no CUDA device "
                 f"(torch {torch.__version__}, built for CUDA {torch.version.cuda or 'none'}); "
                 "is the NVIDIA driver loaded? llmd does not fall back to the CPU"
