@@ -9,8 +9,9 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from llmd.config import Profile, Settings, load_profile, load_settings
 from llmd.errors import (
@@ -168,8 +169,16 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     from llmd.api.app import create_app
     from llmd.engine.client import EngineClient
 
-    DaemonServer = daemon_server_class()
     engine = EngineClient(model_dir, profile, context_limit(model_dir, profile))
+
+    async def drain() -> None:
+        log.info("stopping: draining %d running requests (up to %g s)",
+                 engine.stats().running + engine.stats().waiting, settings.drain_timeout)
+        cut = await engine.drain(settings.drain_timeout)
+        if cut:
+            log.warning("drain timeout: ended %d requests with an error event", cut)
+
+    DaemonServer = daemon_server_class(drain)
     server = DaemonServer(uvicorn.Config(
         create_app(engine, settings, model_id),
         host=settings.host, port=settings.port, log_level=settings.log_level,
@@ -187,15 +196,32 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     return 1 if engine.failed is not None and engine.failed.done() else 0
 
 
-def daemon_server_class() -> type:
-    """uvicorn's Server, except that a drained shutdown on SIGTERM/SIGINT exits 0.
+def daemon_server_class(drain: Callable[[], Awaitable[None]]) -> type:
+    """uvicorn's Server, except that SIGTERM/SIGINT drain first and then exit 0.
 
-    uvicorn re-raises the caught signal after shutting down, so the process would die
-    "by signal"; a daemon that drained cleanly should report success to systemd.
+    On the first signal the server keeps accepting connections, so a new request gets a
+    clear 503 + Retry-After instead of a refused connection, while `drain` lets running
+    streams finish; then uvicorn shuts down. A second signal stops at once. uvicorn would
+    re-raise the caught signal after shutting down, so the process would die "by signal";
+    a daemon that drained cleanly reports success to systemd instead.
     """
     import uvicorn
 
     class Server(uvicorn.Server):
+        draining: asyncio.Task[None] | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.draining is not None or not self.started:
+                super().handle_exit(sig, frame)  # a second signal, or nothing to drain yet
+                return
+            self.draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await drain()
+            finally:
+                self.should_exit = True
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():

@@ -87,6 +87,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Positive = 8 * 1024 * 1024
+    drain_timeout: Annotated[float, Meta(ge=0)] = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

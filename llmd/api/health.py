@@ -18,8 +18,10 @@ async def health() -> dict[str, str]:
 
 @get("/ready")
 async def ready(request: Request) -> Response[dict[str, str]]:
-    """200 once the model is loaded and warmed up, 503 before."""
+    """200 once the model is loaded and warmed up, 503 before and while shutting down."""
     engine: EngineClient = request.app.state.engine
+    if engine.draining:
+        return Response({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
     if engine.ready.is_set():
         return Response({"status": "ready"}, status_code=200)
     return Response({"status": "loading"}, status_code=503, headers={"Retry-After": "5"})

@@ -8,6 +8,7 @@ worker thread with `loop.call_soon_threadsafe`, the admission bound, and the abo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -43,12 +44,15 @@ class EngineClient:
             on_fatal=self._fatal_from_worker,
         ))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._streams: dict[str, GenerationStream] = {}
         self._ids = itertools.count()
         self._tokenizer: ChatTokenizer | None = None
         self._recent_seconds = 1.0
         self.ready = asyncio.Event()
         self.failed: asyncio.Future[BaseException] | None = None
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def start(self) -> None:
         """Start loading in the worker; returns at once (see `ready` and `failed`)."""
@@ -62,6 +66,24 @@ class EngineClient:
     async def shutdown(self) -> None:
         """Stop the worker thread."""
         await asyncio.to_thread(self._worker.stop, 10.0)
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests, let running ones finish for up to `timeout` seconds, end the rest.
+
+        A request still going at the deadline gets a final error event (its SSE stream then
+        ends with `[DONE]` as always) and is aborted in the worker. Returns how many were cut.
+        """
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        cut = list(self._streams.values())
+        message = f"the server is shutting down; its drain timeout ({timeout:g} s) ran out"
+        for stream in cut:
+            stream.events.put_nowait(TokenEvent("", stream.completion_tokens, error=message))
+            self._worker.abort(stream.request_id)
+        with contextlib.suppress(TimeoutError):  # let the handlers write those last events
+            await asyncio.wait_for(self._idle.wait(), 5.0)
+        return len(cut)
 
     async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt ids for chat messages, rendered off the event loop."""
@@ -93,12 +115,15 @@ class EngineClient:
         self._admit()
         request_id = f"req-{next(self._ids)}"
         stream = GenerationStream(self, request_id)
-        self._streams[request_id] = stream.events
+        self._streams[request_id] = stream
+        self._idle.clear()
         self._worker.submit(Request(request_id, prompt_ids, params))
         return stream
 
     def _close(self, stream: GenerationStream) -> None:
         del self._streams[stream.request_id]
+        if not self._streams:
+            self._idle.set()
         if not stream.done:
             self._worker.abort(stream.request_id)
         elapsed = time.monotonic() - stream.started
@@ -109,6 +134,9 @@ class EngineClient:
         return self._worker.stats()
 
     def _admit(self) -> None:
+        if self.draining:
+            raise Overloaded("the server is shutting down; retry against its successor",
+                             retry_after=5, code="shutting_down")
         if not self.ready.is_set():
             raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
         capacity = self.profile.max_running + self.profile.max_queue
@@ -130,9 +158,9 @@ class EngineClient:
 
     def _dispatch(self, batch: list[tuple[str, TokenEvent]]) -> None:
         for request_id, event in batch:
-            queue = self._streams.get(request_id)
-            if queue is not None:
-                queue.put_nowait(event)
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.events.put_nowait(event)
 
     def _ready_from_worker(self) -> None:
         assert self._loop is not None
