@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
-from llmd.config import Profile, Settings, load_profile, load_settings
+from llmd.config import API_KEY_ENV, Profile, Settings, api_keys, load_profile, load_settings
 from llmd.errors import (
     EXIT_CONFIG,
     EXIT_DEVICE_UNAVAILABLE,
@@ -178,9 +179,11 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         if cut:
             log.warning("drain timeout: ended %d requests with an error event", cut)
 
+    keys = api_keys(settings, os.environ)
+    warn_if_exposed(settings, keys)
     DaemonServer = daemon_server_class(drain)
     server = DaemonServer(uvicorn.Config(
-        create_app(engine, settings, model_id),
+        create_app(engine, settings, model_id, keys),
         host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
     ))
@@ -194,6 +197,19 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         watcher.cancel()
         await engine.shutdown()
     return 1 if engine.failed is not None and engine.failed.done() else 0
+
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def warn_if_exposed(settings: Settings, keys: frozenset[str]) -> None:
+    """Say it loudly when anyone on the network can use the model."""
+    if keys:
+        log.info("API keys: %d accepted; /health and /ready are open", len(keys))
+    elif settings.host not in LOOPBACK and not settings.host.startswith("127."):
+        log.warning("!!! listening on %s without an API key: anyone who can reach this port can use "
+                    "the model. Set api_keys / api_key_file or $%s, or bind to 127.0.0.1 !!!",
+                    settings.host, API_KEY_ENV)
 
 
 def daemon_server_class(drain: Callable[[], Awaitable[None]]) -> type:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -60,7 +61,6 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     double_quant: bool = True
     kv_cache: Literal["dynamic", "static"] = "dynamic"
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"
-    prompt_buckets: tuple[Positive, ...] = ()
     warmup: bool = True
     max_context: Positive = 4096
     max_running: Positive = 1
@@ -88,6 +88,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Positive = 8 * 1024 * 1024
     drain_timeout: Annotated[float, Meta(ge=0)] = 30.0
+    api_keys: tuple[str, ...] = ()
+    api_key_file: str | None = None
+    protect_metrics: bool = False
+    cors_origins: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -99,6 +103,29 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     values: dict[str, Any] = _read_yaml(path) if path is not None else {}
     values.update({key: value for key, value in overrides.items() if value is not None})
     return _convert(values, Settings, str(path) if path else "command line")
+
+
+API_KEY_ENV = "LLMD_API_KEY"
+
+
+def api_keys(settings: Settings, environ: Mapping[str, str]) -> frozenset[str]:
+    """Every accepted API key: settings, the key file (one per line, # comments) and $LLMD_API_KEY."""
+    keys = set(settings.api_keys)
+    if settings.api_key_file is not None:
+        path = Path(settings.api_key_file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"key `api_key_file`: cannot read {path}: {exc.strerror}",
+                              param="api_key_file") from exc
+        keys.update(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if environ.get(API_KEY_ENV, "").strip():
+        keys.add(environ[API_KEY_ENV].strip())
+    short = [key for key in keys if len(key) < 8]
+    if short:
+        raise ConfigError(f"{len(short)} API key(s) shorter than 8 characters; use long random keys "
+                          "(e.g. `openssl rand -hex 24`)", param="api_keys")
+    return frozenset(keys)
 
 
 def load_profile(name_or_path: str) -> Profile:
@@ -141,13 +168,6 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.compile != "none" and profile.kv_cache != "static":
         refuse("compile", "needs `kv_cache: static` (fixed shapes); with a dynamic cache "
                           "every step would recompile")
-    if profile.prompt_buckets and profile.compile == "none":
-        refuse("prompt_buckets", "only used by compiled profiles; set `compile` or drop it")
-    if list(profile.prompt_buckets) != sorted(set(profile.prompt_buckets)):
-        refuse("prompt_buckets", "must be strictly increasing")
-    if profile.prompt_buckets and profile.prompt_buckets[-1] > profile.max_context:
-        refuse("prompt_buckets", f"largest bucket {profile.prompt_buckets[-1]} exceeds "
-                                 f"`max_context` {profile.max_context}")
     if profile.prefill_chunk_tokens > profile.max_context:
         refuse("prefill_chunk_tokens", f"{profile.prefill_chunk_tokens} exceeds `max_context` "
                                        f"{profile.max_context}")

@@ -50,6 +50,17 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class Unauthorized(LlmdError):
+    """No API key or a wrong one (401), as OpenAI answers it."""
+
+    status = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
+
+
 class ModelNotFound(LlmdError):
     """The request names a model this daemon does not serve (404)."""
 

@@ -8,6 +8,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
+from llmd.api.access import KeyCheck, cors_config
 from llmd.api.chat import create_chat_completion
 from llmd.api.errors import render_http_exception, render_llmd_error, render_unexpected
 from llmd.api.health import health, ready, stats
@@ -17,10 +18,14 @@ from llmd.engine.client import EngineClient
 from llmd.errors import LlmdError
 
 
-def create_app(engine: EngineClient, settings: Settings, model_id: str) -> Litestar:
+def create_app(
+    engine: EngineClient, settings: Settings, model_id: str, keys: frozenset[str] = frozenset()
+) -> Litestar:
     """Build the app around an engine that the caller starts and stops."""
     return Litestar(
         route_handlers=[create_chat_completion, list_models, health, ready, stats],
+        guards=[KeyCheck(keys, settings.protect_metrics)],
+        cors_config=cors_config(settings),
         exception_handlers={
             LlmdError: render_llmd_error,
             HTTPException: render_http_exception,

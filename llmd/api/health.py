@@ -7,16 +7,17 @@ from typing import Any
 
 from litestar import Request, Response, get
 
+from llmd.api.access import OPEN
 from llmd.engine.client import EngineClient
 
 
-@get("/health")
+@get("/health", opt={OPEN: True})
 async def health() -> dict[str, str]:
     """Alive: the process answers, whatever the model's state."""
     return {"status": "ok"}
 
 
-@get("/ready")
+@get("/ready", opt={OPEN: True})
 async def ready(request: Request) -> Response[dict[str, str]]:
     """200 once the model is loaded and warmed up, 503 before and while shutting down."""
     engine: EngineClient = request.app.state.engine
