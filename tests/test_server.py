@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -289,6 +290,7 @@ def test_disconnect_aborts_the_request_within_a_step(daemon: Daemon, stream: boo
     sock.close()
     after = wait_for(daemon, lambda s: s["aborted"] == before["aborted"] + 1)
     assert after["running"] == 0 and after["finished"] == before["finished"]
+    assert re.search(r"request req-\d+: prompt \d+, completion \d+, .*, disconnected\n", daemon.log())
     # Nothing more is computed for it: the token counter stands still from here on.
     time.sleep(0.2)
     still = httpx.get(f"{daemon.url}/stats").json()
@@ -357,3 +359,15 @@ def test_a_shared_prefix_is_reused_and_changes_nothing_in_the_output(daemon: Dae
     assert after["prefix_hits"] >= before["prefix_hits"] + 1
     assert after["prefix_tokens_reused"] - before["prefix_tokens_reused"] >= 50
     assert texts[0] == texts[1] and walk(texts[0])
+
+
+def test_one_log_line_per_request_with_tokens_ttft_speed_and_outcome(daemon: Daemon) -> None:
+    client = openai.OpenAI(base_url=daemon.base_url, api_key="none")
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=7)  # type: ignore[arg-type]
+    assert reply.usage is not None
+    prompt = reply.usage.prompt_tokens
+    pattern = rf"request req-\d+: prompt {prompt}, completion 7, ttft \d+ ms, [\d.]+ tok/s, [\d.]+ s, length"
+    deadline = time.monotonic() + 5
+    while not re.search(pattern, daemon.log()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(pattern, daemon.log()), daemon.log()[-2000:]

@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ class EngineClient:
         self.ready = asyncio.Event()
         self.failed: asyncio.Future[BaseException] | None = None
         self.draining = False
+        # called with each stream as it closes (metrics); must not raise
+        self.observers: list[Callable[[GenerationStream], None]] = []
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -114,7 +117,7 @@ class EngineClient:
         """
         self._admit()
         request_id = f"req-{next(self._ids)}"
-        stream = GenerationStream(self, request_id)
+        stream = GenerationStream(self, request_id, len(prompt_ids))
         self._streams[request_id] = stream
         self._idle.clear()
         self._worker.submit(Request(request_id, prompt_ids, params))
@@ -128,6 +131,9 @@ class EngineClient:
             self._worker.abort(stream.request_id)
         elapsed = time.monotonic() - stream.started
         self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * elapsed
+        log.info("%s", stream.summary())
+        for observer in self.observers:
+            observer(stream)
 
     def stats(self) -> EngineStats:
         """The worker's counters."""
@@ -174,11 +180,17 @@ class EngineClient:
 class GenerationStream:
     """The events of one submitted request, in order; an async iterator and a context manager."""
 
-    def __init__(self, client: EngineClient, request_id: str) -> None:
+    def __init__(self, client: EngineClient, request_id: str, prompt_tokens: int) -> None:
         self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
         self.events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.last_event_at: float | None = None
+        self.token_gaps: list[float] = []  # seconds between events that carried tokens
         self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
         self.done = False
         self._client = client
         self._closed = False
@@ -190,11 +202,38 @@ class GenerationStream:
         if self.done:
             raise StopAsyncIteration
         event = await self.events.get()
-        self.completion_tokens = event.completion_tokens
+        now = time.monotonic()
+        if event.completion_tokens > self.completion_tokens:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            elif self.last_event_at is not None:
+                self.token_gaps.append(now - self.last_event_at)
+            self.last_event_at = now
+            self.completion_tokens = event.completion_tokens
         self.done = event.finish_reason is not None or event.error is not None
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason.value
         if event.error is not None:
+            self.error = event.error
             raise EngineFailure(event.error)
         return event
+
+    @property
+    def outcome(self) -> str:
+        """finish reason, `error`, or `disconnected` (the client left before the end)."""
+        return self.finish_reason or ("error" if self.error else "disconnected")
+
+    def summary(self) -> str:
+        """The one log line of a request: tokens, TTFT, speed, how it ended."""
+        ttft = "-" if self.first_token_at is None else f"{(self.first_token_at - self.started) * 1000:.0f} ms"
+        rate = "-"
+        if self.first_token_at is not None and self.last_event_at is not None and self.completion_tokens > 1:
+            span = self.last_event_at - self.first_token_at
+            rate = f"{(self.completion_tokens - 1) / span:.1f} tok/s" if span > 0 else "-"
+        total = time.monotonic() - self.started
+        tokens = f"prompt {self.prompt_tokens}, completion {self.completion_tokens}"
+        return (f"request {self.request_id}: {tokens}, ttft {ttft}, {rate}, {total:.2f} s, {self.outcome}"
+                + (f" ({self.error})" if self.error else ""))
 
     def close(self) -> None:
         """Stop listening; aborts the request if it has not finished."""
