@@ -13,6 +13,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from llmd.config import API_KEY_ENV, Profile, Settings, api_keys, load_profile, load_settings
 from llmd.errors import (
@@ -23,7 +24,12 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
+from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.preflight import MemoryPlan, plan_for_model, render_plan
+
+if TYPE_CHECKING:
+    from llmd.engine.client import EngineClient
+    from llmd.metrics import Metrics
 
 log = logging.getLogger("llmd")
 
@@ -56,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(commands.add_parser("serve", help="serve a model over the OpenAI API"))
     add_check_command(commands.add_parser("check", help="plan memory: will the model fit this profile?"))
     add_demo_model_command(commands.add_parser("demo-model", help="write the offline demo model"))
+    from llmd import install as install_module
+
+    install = commands.add_parser("install-service", help="write the systemd unit and example settings")
+    install_module.add_arguments(install)
+    install.set_defaults(run=install_module.run)
     bench = commands.add_parser("bench", help="measure streaming latency and throughput")
     from llmd import bench as bench_module
 
@@ -170,33 +181,57 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     from llmd.api.app import create_app
     from llmd.engine.client import EngineClient
 
+    notifier = Notifier.from_environ()
+    notifier.status(f"loading {model_id} ({profile.name})")
     engine = EngineClient(model_dir, profile, context_limit(model_dir, profile))
 
     async def drain() -> None:
-        log.info("stopping: draining %d running requests (up to %g s)",
-                 engine.stats().running + engine.stats().waiting, settings.drain_timeout)
+        stats = engine.stats()
+        notifier.stopping(engine_status(stats.running, stats.waiting, 0.0, phase="draining"))
+        log.info("stopping: draining %d requests (up to %g s)", stats.running + stats.waiting,
+                 settings.drain_timeout)
         cut = await engine.drain(settings.drain_timeout)
         if cut:
             log.warning("drain timeout: ended %d requests with an error event", cut)
 
     keys = api_keys(settings, os.environ)
     warn_if_exposed(settings, keys)
+    app = create_app(engine, settings, model_id, keys)
     DaemonServer = daemon_server_class(drain)
     server = DaemonServer(uvicorn.Config(
-        create_app(engine, settings, model_id, keys),
-        host=settings.host, port=settings.port, log_level=settings.log_level,
+        app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
     ))
     await engine.start()
     watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
+    watchdog = Watchdog.from_environ(notifier, EngineHealth(engine.heartbeat, alive=engine.alive))
+    announcer = asyncio.ensure_future(announce_ready(engine, server, notifier, watchdog, app.state.metrics))
     log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",
              model_dir, model_id, settings.host, settings.port, profile.name)
     try:
         await server.serve()
     finally:
         watcher.cancel()
+        announcer.cancel()
         await engine.shutdown()
+        if watchdog is not None:
+            watchdog.stop()
     return 1 if engine.failed is not None and engine.failed.done() else 0
+
+
+async def announce_ready(
+    engine: EngineClient, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics
+) -> None:
+    """Once the model is loaded and warm and the port listens: READY=1, the watchdog, STATUS lines."""
+    await engine.ready.wait()
+    while not server.started:
+        await asyncio.sleep(0.05)
+    load, warmup = engine.startup_seconds
+    metrics.set_startup(load, warmup)
+    notifier.ready(f"ready: model loaded in {load:.1f} s, warmed up in {warmup:.1f} s")
+    if watchdog is not None:
+        watchdog.start()
+    await report_status(notifier, ServingStatus(engine.stats))
 
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}

@@ -660,8 +660,6 @@ def _fix_lines(plan: MemoryPlan, fixes: Fixes) -> list[str]:
     profile, lines = plan.profile, []
     if fixes.max_context is not None:
         note = f"keeps max_running {profile.max_running}"
-        if profile.prompt_buckets and profile.prompt_buckets[-1] > fixes.max_context:
-            note += "; drop the prompt_buckets above it"
         lines.append(_fix_line(f"max_context: {fixes.max_context}", note))
     if fixes.max_running is not None:
         lines.append(_fix_line(f"max_running: {fixes.max_running}", f"keeps max_context {plan.context}"))

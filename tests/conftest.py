@@ -66,11 +66,13 @@ class Daemon:
         return self.process.returncode
 
 
-def start_daemon(tmp: Path, *args: str, wait_ready: bool = True) -> Daemon:
+def start_daemon(
+    tmp: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
+) -> Daemon:
     """Start `llmd serve` on a free loopback port and wait until /ready says 200."""
     port = free_port()
     log_path = tmp / f"llmd-{port}.log"
-    env = os.environ | {"LLMD_HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1"}
+    env = os.environ | {"LLMD_HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1"} | (env or {})
     command = [sys.executable, "-m", "llmd.cli", "serve", "--port", str(port), *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -12,18 +12,22 @@ from llmd.api.access import KeyCheck, cors_config
 from llmd.api.chat import create_chat_completion
 from llmd.api.errors import render_http_exception, render_llmd_error, render_unexpected
 from llmd.api.health import health, ready, stats
+from llmd.api.metrics import metrics
 from llmd.api.models import list_models
 from llmd.config import Settings
 from llmd.engine.client import EngineClient
 from llmd.errors import LlmdError
+from llmd.metrics import Metrics
 
 
 def create_app(
     engine: EngineClient, settings: Settings, model_id: str, keys: frozenset[str] = frozenset()
 ) -> Litestar:
     """Build the app around an engine that the caller starts and stops."""
+    registry = Metrics(engine_stats=engine.stats, gpu_memory=engine.gpu_memory)
+    engine.observers.append(registry.observe_stream)
     return Litestar(
-        route_handlers=[create_chat_completion, list_models, health, ready, stats],
+        route_handlers=[create_chat_completion, list_models, health, ready, stats, metrics],
         guards=[KeyCheck(keys, settings.protect_metrics)],
         cors_config=cors_config(settings),
         exception_handlers={
@@ -31,7 +35,8 @@ def create_app(
             HTTPException: render_http_exception,
             Exception: render_unexpected,
         },
-        state=State({"engine": engine, "model_id": model_id, "started_at": int(time.time())}),
+        state=State({"engine": engine, "model_id": model_id, "started_at": int(time.time()),
+                     "metrics": registry}),
         request_max_body_size=settings.max_body_bytes,
         openapi_config=None,
         logging_config=None,

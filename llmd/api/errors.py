@@ -20,8 +20,11 @@ from llmd.protocol import ErrorResponse
 log = logging.getLogger("llmd.api")
 
 
-def render_llmd_error(_: Request, exc: LlmdError) -> Response[ErrorResponse]:
-    """Our own typed errors."""
+def render_llmd_error(request: Request, exc: LlmdError) -> Response[ErrorResponse]:
+    """Our own typed errors, counted in llmd_errors_total by their code."""
+    registry = request.app.state.get("metrics")
+    if registry is not None:
+        registry.observe_error(exc.code or exc.error_type)
     return Response(error_body(exc), status_code=exc.status, headers=exc.headers())
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from llmd.config import Profile
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+from llmd.notify import Heartbeat
 
 if TYPE_CHECKING:
     from llmd.engine.tokenizer import ChatTokenizer
@@ -139,6 +140,24 @@ class EngineClient:
         """The worker's counters."""
         return self._worker.stats()
 
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The worker thread's step stamps, for the systemd watchdog."""
+        return self._worker.heartbeat
+
+    def alive(self) -> bool:
+        """Whether the worker thread runs (or is being stopped on purpose)."""
+        return self._worker.alive()
+
+    def gpu_memory(self) -> tuple[int, int] | None:
+        """(reserved, total) bytes on the model's GPU; None on the CPU or before loading."""
+        return self._worker.gpu_memory()
+
+    @property
+    def startup_seconds(self) -> tuple[float, float]:
+        """Model load and warm-up (compile included) seconds, once ready."""
+        return self._worker.load_seconds, self._worker.warmup_seconds
+
     def _admit(self) -> None:
         if self.draining:
             raise Overloaded("the server is shutting down; retry against its successor",
@@ -186,6 +205,7 @@ class GenerationStream:
         self.events: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.started = time.monotonic()
         self.first_token_at: float | None = None
+        self.queued_seconds: float | None = None  # arrival → admitted to the running set
         self.last_event_at: float | None = None
         self.token_gaps: list[float] = []  # seconds between events that carried tokens
         self.completion_tokens = 0
@@ -203,6 +223,8 @@ class GenerationStream:
             raise StopAsyncIteration
         event = await self.events.get()
         now = time.monotonic()
+        if event.queued_seconds is not None:
+            self.queued_seconds = event.queued_seconds
         if event.completion_tokens > self.completion_tokens:
             if self.first_token_at is None:
                 self.first_token_at = now

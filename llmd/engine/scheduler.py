@@ -5,6 +5,7 @@ Pure Python, no torch: unit-tested without a model.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class Scheduler:
                 break  # a later prompt is only split when it is the oldest in line
             if request.status is RequestStatus.WAITING:
                 self.waiting.popleft()
+                request.queued_seconds = time.monotonic() - request.arrived
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
             plan.prefill.append(PrefillChunk(request, request.prefilled, request.prefilled + size))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 
@@ -57,6 +58,8 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prefilled: int = 0
+    arrived: float = field(default_factory=time.monotonic)  # submitted (time.monotonic)
+    queued_seconds: float | None = None  # arrival → admitted to the running set
 
     @property
     def prefill_done(self) -> bool:
@@ -77,6 +80,7 @@ class TokenEvent:
     completion_tokens: int
     finish_reason: FinishReason | None = None
     error: str | None = None
+    queued_seconds: float | None = None  # on a request's first event: how long it waited
 
 
 @dataclass(frozen=True, slots=True)

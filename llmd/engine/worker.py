@@ -24,6 +24,7 @@ from llmd.engine.runner import ModelRunner
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
+from llmd.notify import Heartbeat
 
 log = logging.getLogger("llmd.engine")
 
@@ -54,7 +55,9 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
         self._outputs: dict[str, OutputText] = {}
         self.steps = self.generated_tokens = self.finished = self.aborted = 0
-        self.load_seconds = self.warmup_seconds = 0.0
+        self.load_seconds = self.warmup_seconds = self.compile_seconds = 0.0
+        # The systemd watchdog's view of this thread: a step that never ends stops the pings.
+        self.heartbeat = Heartbeat()
         self.runner: ModelRunner | None = None
         self.tokenizer: ChatTokenizer | None = None
         self.eos_token_ids: frozenset[int] = frozenset()
@@ -70,6 +73,17 @@ class EngineWorker:
     def abort(self, request_id: str) -> None:
         """Ask the worker to drop a request before its next step (any thread)."""
         self._post(request_id)
+
+    def gpu_memory(self) -> tuple[int, int] | None:
+        """(reserved, total) bytes of the CUDA allocator; host-side counters, no device sync."""
+        if self.runner is None or self.runner.device.type != "cuda":
+            return None
+        device = self.runner.device
+        return torch.cuda.memory_reserved(device), torch.cuda.get_device_properties(device).total_memory
+
+    def alive(self) -> bool:
+        """The thread runs (or is being stopped on purpose)."""
+        return self._thread.is_alive() or self._stopping
 
     def stop(self, timeout: float | None = None) -> None:
         """End the step loop and wait for the thread."""
@@ -170,6 +184,7 @@ class EngineWorker:
         events: list[tuple[str, TokenEvent]] = []
         # Running streams get their token first; newcomers join the batch after their prefill.
         stepped = plan.decode + [chunk.request for chunk in plan.prefill]
+        self.heartbeat.step_started()
         try:
             tokens = self.runner.decode(plan.decode)
             firsts = self.runner.prefill_many([(chunk.request, chunk.stop) for chunk in plan.prefill])
@@ -182,6 +197,7 @@ class EngineWorker:
             for chunk, first in zip(plan.prefill, firsts, strict=True):
                 if first is not None:
                     events.append((chunk.request.request_id, self._advance(chunk.request, first)))
+        self.heartbeat.step_finished()
         self.steps += 1
         self.hooks.deliver(events)
 
@@ -204,7 +220,8 @@ class EngineWorker:
             assert self.runner is not None
             self.runner.retire(request)
             self.finished += 1
-        return TokenEvent(text, len(request.output_ids), reason)
+        queued = request.queued_seconds if len(request.output_ids) == 1 else None
+        return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued)
 
     def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"

@@ -1,0 +1,192 @@
+"""llmd under systemd's eyes: sd_notify on a real datagram socket, the watchdog, /metrics."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from llmd.config import load_profile
+from llmd.engine.types import Request, SamplingParams
+from llmd.engine.worker import EngineWorker, WorkerHooks
+from llmd.errors import EXIT_PREFLIGHT
+from llmd.notify import EngineHealth, Notifier, Watchdog
+from tests.conftest import start_daemon, wait_until_ready
+
+
+@dataclass
+class Systemd:
+    """The manager's end of NOTIFY_SOCKET: every datagram with its arrival time."""
+
+    path: Path
+    sock: socket.socket
+    received: list[tuple[float, str]] = field(default_factory=list)
+
+    def listen(self) -> None:
+        self.sock.settimeout(0.2)
+        while self.sock.fileno() != -1:
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.received.append((time.monotonic(), data.decode()))
+
+    def wait_for(self, text: str, timeout: float = 60) -> float:
+        """When a datagram containing `text` arrived (waits for it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for at, message in list(self.received):
+                if text in message:
+                    return at
+            time.sleep(0.02)
+        pytest.fail(f"no {text!r} from llmd; got {[m for _, m in self.received]}")
+
+    def messages(self) -> list[str]:
+        return [message for _, message in self.received]
+
+
+@pytest.fixture
+def systemd(tmp_path: Path) -> Iterator[Systemd]:
+    path = Path(f"/tmp/llmd-notify-{time.monotonic_ns()}.sock")  # short: AF_UNIX paths max 107 bytes
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    manager = Systemd(path, sock)
+    thread = threading.Thread(target=manager.listen, daemon=True)
+    thread.start()
+    yield manager
+    sock.close()
+    thread.join(timeout=2)
+    path.unlink(missing_ok=True)
+
+
+def test_ready_after_warm_up_then_status_watchdog_and_stopping(
+    tiny_model: Path, tmp_path: Path, systemd: Systemd
+) -> None:
+    env = {"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "400000"}
+    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--served-model-name", "tiny",
+                          wait_ready=False, env=env)
+    try:
+        systemd.wait_for("READY=1")
+        assert httpx.get(f"{daemon.url}/ready", timeout=5).status_code == 200
+        assert "warm-up done" in daemon.log()
+        first = systemd.messages()
+        assert first[0].startswith("STATUS=loading tiny")
+        ready = next(m for m in first if "READY=1" in m)
+        assert "STATUS=ready: model loaded in" in ready
+        assert not any("WATCHDOG=1" in m for m in first[: first.index(ready)])
+        time.sleep(1.2)
+        pings = [at for at, m in systemd.received if m == "WATCHDOG=1"]
+        assert 3 <= len(pings) <= 10, pings  # every 0.2 s (half of WatchdogSec) while healthy
+        systemd.wait_for("STATUS=serving: 0 running, 0 waiting")
+    finally:
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(timeout=30) == 0, daemon.log()
+    stopping = systemd.wait_for("STOPPING=1")
+    assert stopping > systemd.wait_for("READY=1")
+
+
+def test_no_ready_when_the_preflight_refuses(tiny_model: Path, tmp_path: Path, systemd: Systemd) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text("device: cpu\nmemory_headroom: 100TiB\n")
+    daemon = start_daemon(tmp_path, "--model", str(model), "--profile", str(greedy), wait_ready=False,
+                          env={"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "400000"})
+    assert daemon.process.wait(timeout=60) == EXIT_PREFLIGHT
+    time.sleep(0.3)
+    assert not any("READY=1" in m or "WATCHDOG=1" in m for m in systemd.messages())
+
+
+def test_a_wedged_worker_stops_the_watchdog_pings(tiny_model: Path, systemd: Systemd) -> None:
+    ready, wedge, release = threading.Event(), threading.Event(), threading.Event()
+    worker = EngineWorker(tiny_model, load_profile("cpu"), WorkerHooks(
+        deliver=lambda events: None, on_ready=ready.set, on_fatal=lambda exc: None))
+    worker.start()
+    assert ready.wait(60) and worker.runner is not None
+    real_decode = worker.runner.decode
+
+    def stuck_decode(requests: list[Request]) -> list[int]:
+        if wedge.is_set():
+            release.wait(30)  # a hung kernel or a deadlock, as far as the daemon can tell
+        return real_decode(requests)
+
+    worker.runner.decode = stuck_decode  # type: ignore[method-assign]
+    health = EngineHealth(worker.heartbeat, stall_seconds=0.5, alive=worker.alive)
+    watchdog = Watchdog(Notifier(str(systemd.path)), interval=0.2, probe=health)
+    watchdog.start()
+    try:
+        worker.submit(Request("busy", [5, 6, 7, 8], SamplingParams(max_tokens=4000, temperature=0.0)))
+        time.sleep(0.6)
+        before = len(systemd.received)
+        assert before >= 3, "pings while the worker steps"
+        wedge.set()
+        time.sleep(0.6 + 1.0)  # past the stall limit
+        quiet_from = len(systemd.received)
+        time.sleep(1.0)
+        assert len(systemd.received) == quiet_from, "pings went on from a wedged worker"
+        assert health.problem() is not None and "step" in (health.problem() or "")
+        wedge.clear()
+        release.set()
+        time.sleep(0.6)
+        assert len(systemd.received) > quiet_from, "pings did not resume"
+    finally:
+        release.set()
+        watchdog.stop()
+        worker.abort("busy")
+        worker.stop(10)
+
+
+def test_metrics_parse_and_move_with_real_requests(daemon_with_metrics: str) -> None:
+    base = daemon_with_metrics
+
+    def scrape() -> dict[str, float]:
+        text = httpx.get(f"{base}/metrics", timeout=10).text
+        return {sample.name + str(sorted(sample.labels.items())): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
+
+    before = scrape()
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    for _ in range(3):
+        stream = client.chat.completions.create(model="tiny", max_tokens=6, stream=True,
+                                                messages=[{"role": "user", "content": "count"}])
+        assert sum(1 for _ in stream) > 0
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", max_tokens=0,
+                                       messages=[{"role": "user", "content": "x"}])
+    time.sleep(0.2)
+    after = scrape()
+
+    def moved(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    assert moved("llmd_completion_tokens_total[]") == 18
+    assert moved("llmd_requests_total[('finish_reason', 'length')]") == 3
+    assert moved("llmd_time_to_first_token_seconds_count[]") == 3
+    assert moved("llmd_inter_token_latency_seconds_count[]") == 15
+    assert moved("llmd_queue_wait_seconds_count[]") == 3
+    assert moved("llmd_prompt_tokens_total[]") > 0
+    assert moved("llmd_errors_total[('type', 'invalid_request_error')]") == 1
+    assert after["llmd_requests_running[]"] == 0 and after["llmd_model_load_seconds[]"] > 0
+    assert "llmd_gpu_memory_used_bytes[]" not in after  # CPU: no GPU series at all
+
+
+@pytest.fixture(scope="module")
+def daemon_with_metrics(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("metrics")
+    daemon = start_daemon(tmp, "--model", str(tiny_model), "--served-model-name", "tiny")
+    wait_until_ready(daemon)
+    time.sleep(0.2)  # READY bookkeeping (load/warm-up gauges) runs just after /ready turns 200
+    yield daemon.url
+    assert daemon.stop() == 0, daemon.log()
