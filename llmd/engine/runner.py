@@ -19,7 +19,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from llmd.config import Profile
-from llmd.engine.loader import load_model
+from llmd.engine.loader import DTYPES, load_model
+from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
 
 
@@ -76,16 +77,21 @@ class DecodeBatch:
             layer.keys = layer.keys[keep, :, first:]
             layer.values = layer.values[keep, :, first:]
 
-    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """One row's keys and values without its padding, copied out of the batch."""
+    def row_views(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """One row's keys and values without its padding: views into the batch, valid until a step."""
         if request_id not in self.request_ids or self.cache is None or self.mask is None:
             return None
         row = self.request_ids.index(request_id)
         start = int(self.mask[row].nonzero()[0])
         return [
-            (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
+            (layer.keys[row : row + 1, :, start:], layer.values[row : row + 1, :, start:])
             for layer in _layers(self.cache)
         ]
+
+    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """One row's keys and values without its padding, copied out of the batch."""
+        views = self.row_views(request_id)
+        return None if views is None else [(keys.clone(), values.clone()) for keys, values in views]
 
     def step_mask(self) -> torch.Tensor | None:
         """The attention mask for the next token: None while no row is padded."""
@@ -191,8 +197,12 @@ class ModelRunner:
         self.model, self.load_report = load_model(model_dir, profile)
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_token_ids = generation_eos_ids(self.model)
+        self.context_limit = context_limit(self.model, profile)
         self._sequences: dict[str, SequenceState] = {}
-        self._batch = DecodeBatch()
+        self._batch: DecodeBatch | StaticDecodeBatch = DecodeBatch()
+        if profile.kv_cache == "static":
+            self._batch = StaticDecodeBatch(self.model, profile.max_running, self.context_limit,
+                                            DTYPES[profile.dtype], profile.compile)
         self._prefilling: dict[str, DynamicCache] = {}
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
 
@@ -310,19 +320,34 @@ class ModelRunner:
         rows = self._batch.request_ids
         assert sorted(r.request_id for r in requests) == sorted(rows), "decode set != running batch"
         states = [self._sequences[request_id] for request_id in rows]
-        ids = torch.tensor([[s.last_token] for s in states], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[s.position] for s in states], dtype=torch.long, device=self.device)
-        mask = self._batch.step_mask()
-        self._use_threads(len(rows))
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                         cache=self._batch.cache, use_cache=True)
-        logits = out.logits[:, -1]
+        if isinstance(self._batch, StaticDecodeBatch):
+            self._use_threads(self._batch.slots)  # every slot runs, and one thread count per compile
+            logits = self._batch.step([s.last_token for s in states], [s.position for s in states])
+        else:
+            logits = self._dynamic_step(self._batch, states)
         by_id = {request.request_id: request for request in requests}
         tokens: dict[str, int] = {}
         for row, (request_id, state) in enumerate(zip(rows, states, strict=True)):
             state.position += 1
             tokens[request_id] = self._accept(state, by_id[request_id].params, logits[row])
         return [tokens[request.request_id] for request in requests]
+
+    def _dynamic_step(self, batch: DecodeBatch, states: list[SequenceState]) -> torch.Tensor:
+        """One forward pass over the growing, left-padded batch; the next-token logits per row."""
+        ids = torch.tensor([[s.last_token] for s in states], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[s.position] for s in states], dtype=torch.long, device=self.device)
+        mask = batch.step_mask()
+        self._use_threads(len(states))
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                         cache=batch.cache, use_cache=True)
+        return out.logits[:, -1]  # type: ignore[no-any-return]
+
+    def warm_up_decode(self) -> float:
+        """Compile and run the static decode step before serving; its seconds (0 when dynamic)."""
+        if not isinstance(self._batch, StaticDecodeBatch):
+            return 0.0
+        self._use_threads(self._batch.slots)
+        return self._batch.warm_up()
 
     def retire(self, request: Request) -> None:
         """Release a finished request, keeping its whole exchange for prefix reuse.
@@ -334,6 +359,13 @@ class ModelRunner:
         if layers is not None:
             self.prefix_cache.store_layers(request.prompt_ids + request.output_ids[:-1], layers)
         self.release(request.request_id)
+
+    def kv_tensors(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A decoding request's keys and values per layer, without padding ([] if it is not decoding).
+
+        Views into the running batch, valid until the next step: for inspection (`llmd check`).
+        """
+        return self._batch.row_views(request_id) or []
 
     def release(self, request_id: str) -> None:
         """Free the KV cache and sampling state of a finished or aborted request."""
@@ -401,6 +433,12 @@ class ThreadPlan:
     def for_rows(self, rows: int) -> int:
         """Threads for a forward pass over `rows` new positions (a prompt, or a batch)."""
         return self.lone_decode if rows == 1 else self.compute
+
+
+def context_limit(model: PreTrainedModel, profile: Profile) -> int:
+    """The profile's max context, capped by the model's position limit."""
+    limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    return min(profile.max_context, int(limit or profile.max_context))
 
 
 def generation_eos_ids(model: PreTrainedModel) -> frozenset[int]:

@@ -144,6 +144,10 @@ class EngineWorker:
 
     def _warm_up(self) -> None:
         assert self.runner is not None and self.tokenizer is not None
+        if self.profile.kv_cache == "static":
+            self.compile_seconds = self.runner.warm_up_decode()
+            how = "eager" if self.profile.compile == "none" else f"compile: {self.profile.compile}"
+            log.info("static decode step (%s) warmed up in %.2f s", how, self.compile_seconds)
         prompt = self.tokenizer.encode_chat([{"role": "user", "content": "Hello"}])
         request = Request("warmup", prompt, SamplingParams(max_tokens=WARMUP_TOKENS))
         self.runner.first_token(request)

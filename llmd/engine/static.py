@@ -1,0 +1,273 @@
+"""The decode batch of `kv_cache: static`: fixed slots and columns, so a compiled step never recompiles.
+
+Keys and values live in transformers' `StaticCache`, allocated once per layer as
+[slots, kv_heads, capacity, head_dim]. Every decode step writes one column, the same for every
+slot: the layers' `cumulative_length`, mirrored here as `column`. A running request owns one slot
+and its tokens sit there left-padded, ending just before that column; `mask` ([slots, capacity])
+marks the columns each slot attends to. So the model always sees input_ids and position_ids of
+[slots, 1] and a mask of [slots, capacity], whoever is running.
+
+A request joins a free slot after its own (eager, any-length) prefill by copying its keys and
+values in; it leaves by zeroing its mask row. A newcomer longer than the column moves everyone
+right first; when the column reaches capacity, everyone moves left by the smallest left padding.
+Free slots still run: they feed token 0 and attend at least to the column they write, so no
+attention row is ever fully masked (softmax over nothing is NaN, and 0 x NaN in the value
+product would leak it through the padding of whoever takes the slot next). Only running
+requests' logits leave `step`, so nothing is sampled for a free slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, DynamicCache, PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+DECODE_ATTENTION = "llmd_decode_sdpa"
+
+
+class StaticDecodeBatch:
+    """Preallocated KV cache for `slots` requests of up to `capacity` tokens, one column per step."""
+
+    def __init__(
+        self, model: PreTrainedModel, slots: int, capacity: int, dtype: torch.dtype, compile_mode: str
+    ) -> None:
+        self.model = model
+        self.slots = slots
+        self.capacity = capacity
+        self.compile_mode = compile_mode
+        device = model.device
+        with torch.inference_mode():  # like every tensor the model makes; edited only in inference mode
+            self.cache = _allocate(model, slots, capacity, dtype)
+        # The layers' own tensors, filled and moved in place only: compiled code holds their addresses.
+        self.layers = [_LayerTensors.of(layer) for layer in self.cache.layers]
+        # plain tensors: `leave` zeroes a mask row outside inference mode
+        self.mask = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
+        self.input_ids = torch.zeros((slots, 1), dtype=torch.long, device=device)
+        self.position_ids = torch.zeros((slots, 1), dtype=torch.long, device=device)
+        self.column = 0
+        self.owners: list[str | None] = [None] * slots
+        self.lengths = [0] * slots  # tokens in each slot's cache; 0 while free
+        self.compile_seconds = 0.0
+        self.compactions = 0
+        # transformers' sdpa, with grouped-query heads packed even when compiled (`decode_attention`)
+        self._attention = DECODE_ATTENTION if model.config._attn_implementation == "sdpa" else None
+        self._step: Step = self._forward
+        if compile_mode != "none":
+            _import_inductor()
+            self._step = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
+
+    @property
+    def request_ids(self) -> list[str]:
+        """The running requests, in slot order (the order `step` returns their logits in)."""
+        return [owner for owner in self.owners if owner is not None]
+
+    def join(self, request_id: str, cache: DynamicCache) -> None:
+        """Copy a prefilled request's keys and values into a free slot, ending at the column."""
+        length = cache.get_seq_length()
+        if length >= self.capacity:
+            raise ValueError(f"a {length}-token prompt leaves no room in a {self.capacity}-token cache")
+        slot = self.owners.index(None)  # the scheduler runs at most `slots` requests
+        if not self.request_ids:
+            self._set_column(length)  # nothing to keep: start the columns afresh
+        elif length > self.column:
+            self._shift(length - self.column)
+        start = self.column - length
+        theirs: list[Any] = list(cache.layers)
+        for mine, prefilled in zip(self.layers, theirs, strict=True):
+            mine.keys[slot, :, start : self.column].copy_(prefilled.keys[0])
+            mine.values[slot, :, start : self.column].copy_(prefilled.values[0])
+        self.mask[slot].zero_()
+        self.mask[slot, start : self.column] = True
+        self.owners[slot], self.lengths[slot] = request_id, length
+
+    def leave(self, request_id: str) -> None:
+        """Free the request's slot; its stale keys stay, masked, until the next owner's copy."""
+        if request_id not in self.owners:
+            return  # its join failed
+        slot = self.owners.index(request_id)
+        self.owners[slot], self.lengths[slot] = None, 0
+        self.mask[slot].zero_()
+
+    def row_views(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """One request's keys and values without padding: views into the batch, valid until a step."""
+        if request_id not in self.owners:
+            return None
+        slot = self.owners.index(request_id)
+        start = self.column - self.lengths[slot]
+        return [
+            (layer.keys[slot : slot + 1, :, start : self.column],
+             layer.values[slot : slot + 1, :, start : self.column])
+            for layer in self.layers
+        ]
+
+    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """One request's keys and values without padding, copied out of the batch."""
+        views = self.row_views(request_id)
+        return None if views is None else [(keys.clone(), values.clone()) for keys, values in views]
+
+    def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One token for every running request (in `request_ids` order); returns their logits."""
+        if self.column == self.capacity:
+            self._compact()
+        slots = [slot for slot, owner in enumerate(self.owners) if owner is not None]
+        ids, where = [0] * self.slots, [0] * self.slots
+        for slot, token, position in zip(slots, tokens, positions, strict=True):
+            ids[slot], where[slot] = token, position
+        self.input_ids.copy_(torch.tensor(ids).view(-1, 1))
+        self.position_ids.copy_(torch.tensor(where).view(-1, 1))
+        logits = self._run()
+        for slot in slots:
+            self.lengths[slot] += 1
+        return logits[slots, -1]
+
+    @torch.inference_mode()
+    def warm_up(self, steps: int = 3) -> float:
+        """Compile (if asked) and run the step on free slots; returns the seconds it took.
+
+        Three runs: the first compiles, CUDA graphs (`reduce-overhead`) record on a later one.
+        """
+        assert not self.request_ids, "warm up before serving"
+        started = time.perf_counter()
+        for _ in range(steps):
+            self._run()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        self.mask.zero_()
+        self._set_column(0)
+        self.compile_seconds = time.perf_counter() - started
+        return self.compile_seconds
+
+    def _run(self) -> torch.Tensor:
+        """The fixed-shape forward pass at the column; moves the column on by one."""
+        self.mask[:, self.column] = True
+        if self.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        try:
+            with attention_implementation(self.model.config, self._attention):
+                logits = self._step(self.input_ids, self.position_ids, self.mask)
+        except BaseException:
+            self._set_column(self.column)  # layers that ran have moved on; put them back
+            raise
+        self.column += 1
+        return logits
+
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor
+                 ) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                         cache=self.cache, use_cache=True)
+        return out.logits  # type: ignore[no-any-return]
+
+    def _compact(self) -> None:
+        """Move every slot left by the smallest left padding among running requests."""
+        longest = max(self.lengths)
+        if longest >= self.capacity:
+            raise RuntimeError(f"a request outgrew the {self.capacity}-token KV cache")
+        self._shift(longest - self.column)
+        self.compactions += 1
+
+    def _shift(self, delta: int) -> None:
+        """Move every slot's columns [0, column) by `delta` (right if positive), in place."""
+        keep = self.column if delta > 0 else self.column + delta
+        source, target = (0, delta) if delta > 0 else (-delta, 0)
+        for layer in self.layers:
+            for tensor in (layer.keys, layer.values):
+                _move_columns(tensor, 2, source, target, keep)
+        _move_columns(self.mask, 1, source, target, keep)
+        if delta > 0:
+            self.mask[:, :delta] = False  # what moved right leaves no one attending to the gap
+        self._set_column(self.column + delta)
+
+    def _set_column(self, column: int) -> None:
+        self.column = column
+        for layer in self.layers:
+            layer.column.fill_(column)
+
+
+def decode_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA for one new token per row, each key/value head's query heads packed as its queries.
+
+    transformers' sdpa does the same, but only outside torch.compile: compiled, it repeats every
+    key/value head for its query heads, which copies the whole static cache per layer per step
+    (2.3x slower decode on the small demo model at 4096 tokens of capacity). Anything else goes
+    to transformers' sdpa.
+    """
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+    if query.shape[2] != 1 or groups == 1 or not plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    batch, heads, _, dim = query.shape
+    packed = query.reshape(batch, heads // groups, groups, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
+                                                           scale=scaling)
+    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+
+
+@contextlib.contextmanager
+def attention_implementation(config: Any, name: str | None) -> Iterator[None]:
+    """Run the model with attention `name` inside the block (the decode step; prefill keeps its own)."""
+    if name is None:
+        yield
+        return
+    saved = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTensors:
+    """One StaticLayer's keys, values and write column (its `cumulative_length`, a 0-d tensor)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    column: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: Any) -> _LayerTensors:
+        return cls(layer.keys, layer.values, layer.cumulative_length)
+
+
+def _import_inductor() -> None:
+    """Import the compiler now, quietly: in torch 2.13 its imports trip torch.jit's own deprecation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+def _move_columns(tensor: torch.Tensor, dim: int, source: int, target: int, width: int) -> None:
+    """Copy `width` columns of `tensor` from `source` to `target` along `dim` (ranges may overlap)."""
+    if width > 0:
+        tensor.narrow(dim, target, width).copy_(tensor.narrow(dim, source, width).clone())
+
+
+def _allocate(model: PreTrainedModel, slots: int, capacity: int, dtype: torch.dtype) -> StaticCache:
+    """A StaticCache of full-attention layers, allocated now (not lazily at the first step)."""
+    config: Any = model.config.get_text_config(decoder=True)
+    cache = StaticCache(config=config, max_cache_len=capacity)
+    odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
+    if odd:
+        raise ValueError(f"kv_cache: static handles full-attention layers only, this model also has "
+                         f"{', '.join(odd)}; use kv_cache: dynamic")
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    cache.early_initialization(slots, heads, head_dim, dtype, model.device)
+    return cache

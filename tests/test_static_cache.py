@@ -1,0 +1,256 @@
+"""`kv_cache: static`: fixed slots and columns give each request's own logits, and compile once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from msgspec.structs import replace
+
+from llmd.config import Profile, load_profile
+from llmd.engine.client import EngineClient
+from llmd.engine.offline import InProcessDecoder
+from llmd.engine.runner import ModelRunner
+from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.tokenizer import ChatTokenizer
+from llmd.engine.types import Request
+from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of
+
+# Five prompts of 18, 40, 24, 32 and 20 tokens: the second is longer than the column it joins at.
+WORDS = [1, 12, 4, 8, 2]
+# With a 48-token cache the column reaches capacity three times in 30 steps (see test below).
+LEAVE = {3: "b1", 14: "b3", 20: "b2"}
+
+
+def static_profile(**changes: object) -> Profile:
+    return replace(load_profile("cpu"), kv_cache="static", **changes)
+
+
+def prompts_of(tiny_model: Path, words: list[int]) -> list[list[int]]:
+    tokenizer = ChatTokenizer(tiny_model)
+    return [tokenizer.encode_chat([{"role": "user", "content": "word " * count}]) for count in words]
+
+
+def static_batch(runner: ModelRunner) -> StaticDecodeBatch:
+    assert isinstance(runner._batch, StaticDecodeBatch)
+    return runner._batch
+
+
+def each_alone(tiny_model: Path, prompts: list[list[int]], counts: dict[str, int]) -> dict[str, list[int]]:
+    """Each prompt decoded on its own on the dynamic path; logits recorded under 200 + k."""
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    tokens = {}
+    for k, prompt in enumerate(prompts):
+        alone = Request(f"a{k}", prompt, greedy(200 + k))
+        count = counts[f"b{k}"]
+        tokens[f"b{k}"] = [runner.first_token(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
+        runner.release(alone.request_id)
+    return tokens
+
+
+def assert_same_as_alone(
+    tiny_model: Path, prompts: list[list[int]], together: dict[str, list[int]],
+    seen: dict[int, list[torch.Tensor]],
+) -> None:
+    batched = {k: list(v) for k, v in seen.items()}
+    alone = each_alone(tiny_model, prompts, {name: len(ids) for name, ids in together.items()})
+    for k in range(len(prompts)):
+        assert together[f"b{k}"] == alone[f"b{k}"], k
+        torch.testing.assert_close(torch.stack(batched[100 + k]), torch.stack(seen[200 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_static_cache_without_compile_is_a_valid_profile(tmp_path: Path) -> None:
+    path = tmp_path / "static.yaml"
+    path.write_text("kv_cache: static\ncompile: none\n")
+    profile = load_profile(str(path))
+    assert profile.kv_cache == "static" and profile.compile == "none"
+
+
+def test_static_batch_equals_each_request_alone(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, static_profile(max_running=8))
+    tokenizer = ChatTokenizer(tiny_model)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (3 * k + 1)}]) for k in range(8)]
+    batch = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    together = staggered_batch(runner, batch, steps=20, leave={9: "b3"})
+    assert runner.active_sequences == 7 and len(together["b3"]) == 7
+    assert static_batch(runner).input_ids.shape == (8, 1)  # free slots ran too
+    assert runner.model.config._attn_implementation == "sdpa"  # decode_attention only inside the step
+    assert_same_as_alone(tiny_model, prompts, together, seen)
+
+
+def test_compaction_when_the_column_reaches_capacity(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48))
+    prompts = prompts_of(tiny_model, WORDS)
+    requests = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    together = staggered_batch(runner, requests, steps=30, leave=LEAVE)
+    batch = static_batch(runner)
+    assert batch.capacity == 48 and batch.compactions == 3
+    assert all(torch.isfinite(logits).all() for row in seen.values() for logits in row)
+    assert_same_as_alone(tiny_model, prompts, together, seen)
+
+
+def test_a_prompt_that_fills_the_cache_is_refused_and_released(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, static_profile(max_running=2, max_context=16))
+    request = Request("long", list(range(5, 21)), greedy(1))
+    with pytest.raises(ValueError, match="16-token prompt leaves no room in a 16-token cache"):
+        runner.first_token(request)
+    runner.release("long")
+    assert runner.active_sequences == 0 and static_batch(runner).request_ids == []
+
+
+def test_kv_tensors_show_a_slot_as_the_dynamic_path_holds_it(tiny_model: Path) -> None:
+    prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
+    runners = [ModelRunner(tiny_model, static_profile(max_running=2)),
+               ModelRunner(tiny_model, load_profile("cpu"))]
+    for runner in runners:
+        runner.first_token(Request("neighbour", prompt + [9] * 7, greedy(3)))  # so the row is padded
+        runner.first_token(Request("r", prompt, greedy(3)))
+    static, dynamic = (runner.kv_tensors("r") for runner in runners)
+    assert [keys.shape[2] for keys, _ in static] == [len(prompt)] * len(static)
+    assert all(keys.is_inference() for keys, _ in static)  # what `llmd check` looks for
+    torch.testing.assert_close(static, dynamic, rtol=1e-5, atol=1e-5)
+    assert runners[0].kv_tensors("nobody") == []
+
+
+def test_a_retired_row_is_kept_for_prefix_reuse(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, static_profile(max_running=2))
+    prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "start a chat"}])
+    other = Request("other", ChatTokenizer(tiny_model).encode_chat(PROMPT), greedy(50))
+    runner.first_token(other)  # a longer neighbour, so the finished row sits behind padding
+    turn = Request("turn", prompt, greedy(10))
+    turn.output_ids.append(runner.first_token(turn))
+    for _ in range(9):
+        turn.output_ids.append(runner.decode([other, turn])[1])
+    runner.retire(turn)
+    follow_up = prompt + turn.output_ids + [7, 8, 9]
+    reused = Request("next", follow_up, greedy(201))
+    runner.reuse_prefix(reused)
+    assert reused.prefilled == len(prompt) + 9
+    runner.first_token(reused)
+    fresh_runner = ModelRunner(tiny_model, load_profile("cpu"))
+    fresh_runner.first_token(Request("fresh", follow_up, greedy(202)))
+    torch.testing.assert_close(seen[201][0], seen[202][0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_engine_serves_a_static_profile(tiny_model: Path) -> None:
+    async def main() -> tuple[str, str, float]:
+        engine = EngineClient(tiny_model, static_profile(max_running=2), max_context=512)
+        await engine.start()
+        await asyncio.wait_for(engine.ready.wait(), 60)
+        try:
+            text, reason = await text_of(engine, greedy(30))
+            return text, reason, engine._worker.compile_seconds
+        finally:
+            await engine.shutdown()
+
+    text, reason, warm_up_seconds = asyncio.run(main())
+    decoder = InProcessDecoder(tiny_model)
+    expected = decoder.tokenizer.decode(decoder.decode(decoder.prompt_ids(PROMPT), 30).token_ids)
+    assert (text, reason) == (expected, "length") and warm_up_seconds > 0
+
+
+def unique_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+@pytest.fixture(scope="module")
+def compiled_runner(tiny_model: Path) -> Iterator[ModelRunner]:
+    """One runner whose decode step is compiled (inductor on the CPU) and warmed up: compiling is slow."""
+    runner = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48, compile="default"))
+    before = unique_graphs()
+    assert runner.warm_up_decode() > 0
+    assert unique_graphs() == before + 1, "the decode step compiles to one graph"
+    yield runner
+    torch._dynamo.reset()
+
+
+def test_compiled_decode_equals_eager_and_never_recompiles(
+    tiny_model: Path, compiled_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = record_logits(monkeypatch)
+    graphs = unique_graphs()
+    prompts = prompts_of(tiny_model, WORDS)
+    requests = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = staggered_batch(compiled_runner, requests, steps=30, leave=LEAVE)
+    assert unique_graphs() == graphs and static_batch(compiled_runner).compactions == 3
+    for request in requests:
+        compiled_runner.release(request.request_id)
+    compiled_logits = {k: list(v) for k, v in seen.items()}
+    eager = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48))
+    again = [Request(f"b{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    seen.clear()
+    assert staggered_batch(eager, again, steps=30, leave=LEAVE) == compiled
+    for k in range(len(prompts)):
+        torch.testing.assert_close(torch.stack(compiled_logits[100 + k]), torch.stack(seen[100 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_bursts_chunks_and_penalties_do_not_recompile(tiny_model: Path, compiled_runner: ModelRunner) -> None:
+    graphs = unique_graphs()
+    prompts = prompts_of(tiny_model, [3, 9, 5, 1, 6, 2])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        burst = [Request(f"c{k}", p, greedy(6, frequency_penalty=k / 2)) for k, p in enumerate(prompts[:3])]
+        compiled_runner.prefill_many([(r, len(r.prompt_ids)) for r in burst])
+        for _ in range(3):
+            compiled_runner.decode(burst)
+        compiled_runner.retire(burst[1])
+        running = [burst[0], burst[2]]
+        chunked = Request("chunked", prompts[3], greedy(4))
+        for upto in range(5, len(chunked.prompt_ids), 5):
+            assert compiled_runner.prefill(chunked, upto) is None
+            compiled_runner.decode(running)
+        compiled_runner.prefill(chunked)
+        running.append(chunked)
+        for _ in range(3):
+            compiled_runner.decode(running)
+        for request in running:
+            compiled_runner.release(request.request_id)
+        lone = Request("lone", prompts[4], greedy(4))
+        compiled_runner.first_token(lone)
+        compiled_runner.decode([lone])
+        compiled_runner.release("lone")
+    assert unique_graphs() == graphs and compiled_runner.active_sequences == 0
+
+
+async def complete(engine: EngineClient, words: int, max_tokens: int) -> str:
+    prompt = await engine.encode_chat([{"role": "user", "content": "word " * words}])
+    engine.check_context(len(prompt), max_tokens)  # as the API does: requests fit their context
+    with engine.submit(prompt, greedy(max_tokens)) as stream:
+        return "".join([event.text async for event in stream])
+
+
+def test_the_engine_compiles_before_ready_and_never_while_serving(tiny_model: Path) -> None:
+    """The worker thread compiles at warm-up; a queue of mixed requests then changes nothing."""
+    profile = static_profile(max_running=3, max_context=64, compile="default")
+
+    async def main() -> tuple[int, list[str], float]:
+        engine = EngineClient(tiny_model, profile, max_context=64)
+        await engine.start()
+        await asyncio.wait_for(engine.ready.wait(), 300)
+        try:
+            graphs = unique_graphs()
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                texts = await asyncio.gather(*(complete(engine, 1 + 2 * k, 8 + 3 * k) for k in range(6)))
+            assert unique_graphs() == graphs
+            return graphs, texts, engine._worker.compile_seconds
+        finally:
+            await engine.shutdown()
+
+    before = unique_graphs()
+    graphs, texts, compile_seconds = asyncio.run(main())
+    assert graphs == before + 1 and compile_seconds > 0  # compiled once, before ready
+    decoder = InProcessDecoder(tiny_model)
+    for k, text in enumerate(texts):
+        prompt = decoder.prompt_ids([{"role": "user", "content": "word " * (1 + 2 * k)}])
+        assert text == decoder.tokenizer.decode(decoder.decode(prompt, 8 + 3 * k).token_ids), k
