@@ -95,6 +95,8 @@ def add_check_command(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", metavar="SIZE",
                         help="plan a CUDA profile against a card of this size (12GiB, 24GB) instead of "
                              "measuring free memory; works on any machine")
+    parser.add_argument("--no-load", action="store_true",
+                        help="only the plan: do not load the model to measure it and run the checklist")
     parser.set_defaults(run=run_check)
 
 
@@ -116,18 +118,48 @@ def run_demo_model(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Print the memory plan: exit 0 when it fits, EXIT_PREFLIGHT when it does not."""
-    plan = check_plan(args)
-    print(render_plan(plan))
-    return 0 if plan.fits else EXIT_PREFLIGHT
+    """The memory plan, then (when it fits and the device is here) load, measure and check.
+
+    Exit 0 when it fits and every checklist line passes, EXIT_PREFLIGHT when it does not
+    fit, 1 when a checklist line fails.
+    """
+    plan, model_dir = check_plan(args)
+    print(render_plan(plan), flush=True)
+    if not plan.fits:
+        return EXIT_PREFLIGHT
+    skip = load_skipped_because(args, plan.profile)
+    if skip:
+        print(f"\ntuning checklist: skipped ({skip})")
+        return 0
+    from llmd.engine.checkup import render_checkup, run_checkup
+
+    checkup = run_checkup(model_dir, plan.profile)
+    weights = next(item.bytes for item in plan.items if item.name == "weights")
+    print()
+    print(render_checkup(checkup, weights, plan.shape.kv_bytes_per_token(plan.profile.dtype)))
+    failed = sum(not check.ok for check in checkup.checks)
+    print(f"\n{failed} of {len(checkup.checks)} checks failed" if failed else "\nall checks passed")
+    return 1 if failed else 0
 
 
-def check_plan(args: argparse.Namespace) -> MemoryPlan:
+def load_skipped_because(args: argparse.Namespace, profile: Profile) -> str | None:
+    """Why `llmd check` will not load the model here, or None when it will."""
+    if args.no_load:
+        return "--no-load"
+    if profile.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "the profile runs on CUDA and this machine has none; the plan above is for --gpu-memory"
+    return None
+
+
+def check_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
     """The memory plan `llmd check` prints, for the model and profile `serve` would use."""
     settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
     profile = load_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
-    return plan_for_model(model_dir, profile, args.gpu_memory, label=model_id)
+    return plan_for_model(model_dir, profile, args.gpu_memory, label=model_id), model_dir
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -1,0 +1,72 @@
+"""`llmd check`'s second half: load the model as `serve` would, then measure and inspect it.
+
+The memory plan is arithmetic; this is the measurement next to it (weights and KV cache
+bytes per token as they really are) and the tuning checklist from the field notes, run on
+the loaded model and one real prefill through the serving path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmd.config import Profile
+from llmd.engine.loader import Check, LoadReport, sdpa_preference, tuning_checklist
+from llmd.engine.runner import ModelRunner
+from llmd.engine.tokenizer import ChatTokenizer
+from llmd.engine.types import Request, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Checkup:
+    """What loading and one request measured, and the checklist's verdicts."""
+
+    load: LoadReport
+    kv_bytes_per_token: int
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        """Every checklist line passed."""
+        return all(check.ok for check in self.checks)
+
+
+def run_checkup(model_dir: str | Path, profile: Profile) -> Checkup:
+    """Load, prefill one chat prompt, measure its KV cache, and run the checklist."""
+    runner = ModelRunner(model_dir, profile)
+    prompt = ChatTokenizer(model_dir).encode_chat([{"role": "user", "content": "How fast can you go?"}])
+    request = Request("llmd-check", prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    with sdpa_preference(profile):
+        runner.first_token(request)
+    layers = runner.kv_tensors(request.request_id)
+    per_token = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+    kv_sample = layers[0][0] if layers else None
+    checks = tuning_checklist(runner.model, profile, kv_sample)
+    runner.release(request.request_id)
+    return Checkup(runner.load_report, per_token // len(prompt), checks)
+
+
+def render_checkup(checkup: Checkup, planned_weights: int, planned_kv_per_token: int) -> str:
+    """The measurement beside the plan, then one line per check with its fix when it failed."""
+    def mib(count: int) -> str:
+        return f"{count / 2**20:.2f} MiB"
+
+    def off(measured: int, planned: int) -> str:
+        return f"{(measured - planned) / planned * 100:+.1f} %" if planned else "-"
+
+    load, kv = checkup.load, checkup.kv_bytes_per_token
+    lines = [
+        f"measured after loading on {load.device} ({load.seconds:.1f} s):",
+        f"  weights        planned {mib(planned_weights):>14}  measured {mib(load.weight_bytes):>14}  "
+        f"{off(load.weight_bytes, planned_weights)}",
+        f"  kv per token   planned {planned_kv_per_token / 1024:>10.2f} KiB  measured "
+        f"{kv / 1024:>10.2f} KiB  {off(kv, planned_kv_per_token)}",
+        f"  on the device  {mib(load.device_bytes)}; process memory grew by {mib(load.rss_growth_bytes)}",
+        "",
+        "tuning checklist:",
+    ]
+    for check in checkup.checks:
+        lines.append(f"  [{'pass' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
+        if not check.ok:
+            lines.append(f"         fix: {check.fix}")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""`llmd check` on a loaded model: the plan next to what loading measured, and the checklist."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmd.config import load_profile
+from llmd.demo_model import build_demo_model
+from llmd.engine.checkup import run_checkup
+from llmd.preflight import MemoryBudget, memory_plan, read_model_shape
+
+CPU = load_profile("cpu")
+
+
+def llmd(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llmd.cli", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.mark.parametrize("size", ["tiny", "small"])
+def test_plan_is_within_10_percent_of_measured_memory(size: str, tmp_path: Path, tiny_model: Path) -> None:
+    model = tiny_model if size == "tiny" else build_demo_model(tmp_path / size, size)
+    shape = read_model_shape(model)
+    plan = memory_plan(shape, CPU, MemoryBudget(64 * 2**30, "test"))
+    planned_weights = next(item.bytes for item in plan.items if item.name == "weights")
+    checkup = run_checkup(model, CPU)
+    assert checkup.load.weight_bytes == pytest.approx(planned_weights, rel=0.10)
+    assert checkup.kv_bytes_per_token == shape.kv_bytes_per_token(CPU.dtype)
+    assert checkup.passed, checkup.checks
+
+
+def test_check_loads_the_model_and_prints_the_checklist(tiny_model: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "FITS" in out and "measured after loading on cpu" in out
+    for name in ("nothing offloaded", "eval mode", "inference mode", "KV cache on", "SDPA attention"):
+        assert f"[pass] {name}" in out
+    assert "all checks passed" in out
+
+
+def test_a_failing_check_prints_its_fix_and_exits_1(tiny_model: Path, tmp_path: Path) -> None:
+    eager = tmp_path / "eager.yaml"
+    eager.write_text("device: cpu\nattn_implementation: eager\n")
+    result = llmd("check", "--model", str(tiny_model), "--profile", str(eager))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "[FAIL] SDPA attention: attention implementation is `eager`" in result.stdout
+    assert "fix: set `attn_implementation: sdpa` in the profile" in result.stdout
+    assert "1 of" in result.stdout and "checks failed" in result.stdout
+
+
+def test_no_load_prints_only_the_plan(tiny_model: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model), "--no-load")
+    assert result.returncode == 0 and "skipped (--no-load)" in result.stdout
+    assert "measured after loading" not in result.stdout
