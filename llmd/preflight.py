@@ -412,9 +412,13 @@ def _cuda_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) 
         items.append(PlanItem("cuda context", CUDA_CONTEXT_BYTES,
                               "driver context + cuBLAS workspace, part of a --gpu-memory total"))
     if profile.compile == "reduce-overhead":
-        pool = CUDA_GRAPH_POOL_BYTES + workspace_bytes(shape, profile)
-        items.append(PlanItem("cuda graph pool", pool, f"reduce-overhead: "
-                              f"{_short_size(CUDA_GRAPH_POOL_BYTES)} + the prefill workspace"))
+        # Only the decode step is captured: its private pool holds one step's activations,
+        # at most the float32 attention scores of every running row over the whole capacity.
+        context = effective_context(shape, profile)
+        scores = profile.max_running * shape.heads * context * 4
+        items.append(PlanItem("cuda graph pool", CUDA_GRAPH_POOL_BYTES + scores,
+                              f"reduce-overhead decode step: {_short_size(CUDA_GRAPH_POOL_BYTES)} + "
+                              f"float32 scores over {context} tokens × {profile.max_running} running"))
     return items
 
 

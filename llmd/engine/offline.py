@@ -31,6 +31,7 @@ class InProcessDecoder:
 
     def __init__(self, model: str | Path, profile: str = "cpu") -> None:
         self.runner = ModelRunner(model, load_profile(profile))
+        self.runner.warm_up_decode()  # a compiled step compiles here, not inside the first timing
         self.tokenizer = ChatTokenizer(model)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
