@@ -25,7 +25,7 @@ from llmd.errors import (
     PreflightRefusal,
 )
 from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
-from llmd.preflight import MemoryPlan, plan_for_model, render_plan
+from llmd.preflight import MemoryPlan, choose_profile, detect_hardware, plan_for_model, render_plan
 
 if TYPE_CHECKING:
     from llmd.engine.client import EngineClient
@@ -80,7 +80,8 @@ def add_serve_command(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="settings YAML file")
     parser.add_argument("--model", help="model directory or local HF cache id (default: demo model)")
     parser.add_argument("--served-model-name", help="the model id clients send (default: from --model)")
-    parser.add_argument("--profile", help="shipped profile name or profile YAML path (default: cpu)")
+    parser.add_argument("--profile", help="shipped profile name, profile YAML path, or auto "
+                                          "(picked from the GPU's memory or the CPU; default: cpu)")
     parser.add_argument("--host", help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default: 8000)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -91,7 +92,8 @@ def add_check_command(parser: argparse.ArgumentParser) -> None:
     """Flags of `llmd check`: the model and profile as for `serve`, and an optional card size."""
     parser.add_argument("--config", type=Path, help="settings YAML file (its model and profile)")
     parser.add_argument("--model", help="model directory or local HF cache id (default: demo model)")
-    parser.add_argument("--profile", help="shipped profile name or profile YAML path (default: cpu)")
+    parser.add_argument("--profile", help="shipped profile name, profile YAML path, or auto "
+                                          "(picked from the GPU's memory or the CPU; default: cpu)")
     parser.add_argument("--gpu-memory", metavar="SIZE",
                         help="plan a CUDA profile against a card of this size (12GiB, 24GB) instead of "
                              "measuring free memory; works on any machine")
@@ -157,7 +159,7 @@ def load_skipped_because(args: argparse.Namespace, profile: Profile) -> str | No
 def check_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
     """The memory plan `llmd check` prints, for the model and profile `serve` would use."""
     settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
-    profile = load_profile(settings.profile)
+    profile = resolve_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
     return plan_for_model(model_dir, profile, args.gpu_memory, label=model_id), model_dir
 
@@ -168,12 +170,22 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key) for key in keys}
     settings = load_settings(args.config, overrides)
     configure_logging(settings.log_level)
-    profile = load_profile(settings.profile)
+    profile = resolve_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
     if not preflight_passes(model_dir, model_id, profile):
         return EXIT_PREFLIGHT
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(settings, profile, model_dir, model_id))
+
+
+def resolve_profile(name: str) -> Profile:
+    """A profile by name or path; `auto` picks a shipped one from the hardware and says why."""
+    if name != "auto":
+        return load_profile(name)
+    chosen, why = choose_profile(detect_hardware())
+    log.info("profile auto: %s, because %s", chosen, why)
+    print(f"llmd: profile auto -> {chosen} ({why})", file=sys.stderr)
+    return load_profile(chosen)
 
 
 def preflight_passes(model_dir: str, model_id: str, profile: Profile) -> bool:

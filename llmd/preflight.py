@@ -578,6 +578,54 @@ def gpu_memory_budget(size: str) -> MemoryBudget:
     return MemoryBudget(total, f"--gpu-memory {size}", counts_cuda_context=True)
 
 
+# --- profile auto --------------------------------------------------------------------------
+
+AUTO_24GB_MIN = 22 * GiB  # a "24 GB" card reports ~23.6 GiB; leave room for driver differences
+AUTO_12GB_MIN = 10 * GiB
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+class HardwareFacts(NamedTuple):
+    """What `--profile auto` looks at."""
+
+    cuda_total_bytes: int | None  # the current CUDA device's memory, None without CUDA
+    cuda_name: str | None
+    cpu_bf16: bool  # the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)
+
+
+def detect_hardware() -> HardwareFacts:
+    """CUDA device memory (if torch sees one) and the CPU's bfloat16 support, from /proc/cpuinfo."""
+    total = name = None
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            total, name = int(props.total_memory), str(props.name)
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
+    except OSError:
+        flags = []
+    return HardwareFacts(total, name, any(flag in flags for flag in CPU_BF16_FLAGS))
+
+
+def choose_profile(facts: HardwareFacts) -> tuple[str, str]:
+    """The shipped profile for this hardware, and why, in words for the log."""
+    if facts.cuda_total_bytes is not None:
+        card = f"{facts.cuda_name or 'CUDA device'} with {_size(facts.cuda_total_bytes)}"
+        if facts.cuda_total_bytes >= AUTO_24GB_MIN:
+            return "24gb-bf16-compile", f"{card} (≥ {_size(AUTO_24GB_MIN)}): 16-bit weights, compiled decode"
+        if facts.cuda_total_bytes >= AUTO_12GB_MIN:
+            return "12gb-4bit", f"{card} (≥ {_size(AUTO_12GB_MIN)}, < {_size(AUTO_24GB_MIN)}): 4-bit weights"
+        return "12gb-4bit", (f"{card}, below {_size(AUTO_12GB_MIN)}: the smallest GPU profile; the "
+                             "memory plan will say whether it fits and what to lower")
+    if facts.cpu_bf16:
+        return "cpu-bf16", "no CUDA device; the CPU has native bfloat16 (AVX512-BF16/AMX)"
+    return "cpu", "no CUDA device, and the CPU has no native bfloat16: float32"
+
+
 def measure_budget(profile: Profile) -> MemoryBudget:
     """Memory free for the model now: available RAM, or free memory on the CUDA device."""
     if profile.device == "cpu":

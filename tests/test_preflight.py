@@ -22,8 +22,10 @@ from llmd.preflight import (
     CUDA_CONTEXT_BYTES,
     MIN_USEFUL_CONTEXT,
     GiB,
+    HardwareFacts,
     MemoryBudget,
     ModelShape,
+    choose_profile,
     gpu_memory_budget,
     memory_plan,
     plan_for_model,
@@ -303,3 +305,27 @@ def test_the_cpu_plan_measures_available_ram_without_torch(tiny_model: Path) -> 
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("facts", "chosen", "reason"),
+    [
+        (HardwareFacts(int(23.6 * GiB), "RTX 4090", False), "24gb-bf16-compile", "RTX 4090 with 23.60 GiB"),
+        (HardwareFacts(80 * GiB, "H100", True), "24gb-bf16-compile", "compiled decode"),
+        (HardwareFacts(int(11.7 * GiB), "RTX 3060", False), "12gb-4bit", "4-bit weights"),
+        (HardwareFacts(8 * GiB, "RTX 3070", False), "12gb-4bit", "memory plan will say whether it fits"),
+        (HardwareFacts(None, None, True), "cpu-bf16", "native bfloat16"),
+        (HardwareFacts(None, None, False), "cpu", "float32"),
+    ],
+)
+def test_profile_auto_picks_by_gpu_memory_then_cpu(facts: HardwareFacts, chosen: str, reason: str) -> None:
+    name, why = choose_profile(facts)
+    assert (name, reason in why) == (chosen, True), why
+    load_profile(name)  # a shipped profile
+
+
+def test_profile_auto_is_logged_with_its_reason(tiny_model: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "llmd.cli", "check", "--model", str(tiny_model),
+                             "--profile", "auto", "--no-load"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"profile auto -> (cpu|cpu-bf16|12gb-4bit|24gb-bf16-compile) \(.+\)", result.stderr)
