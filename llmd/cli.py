@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -172,10 +173,11 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level)
     profile = resolve_profile(settings.profile)
     model_dir, model_id = resolve_model(settings)
-    if not preflight_passes(model_dir, model_id, profile):
+    plan = preflight(model_dir, model_id, profile)
+    if not plan.fits:
         return EXIT_PREFLIGHT
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-        return runner.run(serve(settings, profile, model_dir, model_id))
+        return runner.run(serve(settings, profile, model_dir, model_id, plan))
 
 
 def resolve_profile(name: str) -> Profile:
@@ -188,14 +190,17 @@ def resolve_profile(name: str) -> Profile:
     return load_profile(chosen)
 
 
-def preflight_passes(model_dir: str, model_id: str, profile: Profile) -> bool:
+def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan:
     """Plan memory before any weight is loaded; log the plan, with its fixes when it cannot fit."""
+    started = time.perf_counter()
     plan = plan_for_model(model_dir, profile, label=model_id)
+    took = time.perf_counter() - started
     if plan.fits:
-        log.info("memory plan:\n%s", render_plan(plan))
-        return True
-    log.error("not loading %s: it does not fit (exit %d)\n%s", model_dir, EXIT_PREFLIGHT, render_plan(plan))
-    return False
+        log.info("memory plan (%.2f s):\n%s", took, render_plan(plan))
+    else:
+        log.error("not loading %s: it does not fit (exit %d)\n%s", model_dir, EXIT_PREFLIGHT,
+                  render_plan(plan))
+    return plan
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -218,7 +223,7 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
     return settings.model, model_id
 
 
-async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str) -> int:
+async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str, plan: MemoryPlan) -> int:
     """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
     import uvicorn
 
@@ -249,7 +254,8 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     await engine.start()
     watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
     watchdog = Watchdog.from_environ(notifier, EngineHealth(engine.heartbeat, alive=engine.alive))
-    announcer = asyncio.ensure_future(announce_ready(engine, server, notifier, watchdog, app.state.metrics))
+    announcer = asyncio.ensure_future(
+        announce_ready(engine, server, notifier, watchdog, app.state.metrics, plan))
     log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",
              model_dir, model_id, settings.host, settings.port, profile.name)
     try:
@@ -264,13 +270,18 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
 
 
 async def announce_ready(
-    engine: EngineClient, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics
+    engine: EngineClient, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics,
+    plan: MemoryPlan,
 ) -> None:
     """Once the model is loaded and warm and the port listens: READY=1, the watchdog, STATUS lines."""
     await engine.ready.wait()
     while not server.started:
         await asyncio.sleep(0.05)
     load, warmup = engine.startup_seconds
+    planned = next(item.bytes for item in plan.items if item.name == "weights")
+    measured = engine.device_bytes
+    log.info("memory: weights planned %.1f MiB, on the device after loading %.1f MiB (%+.1f %%)",
+             planned / 2**20, measured / 2**20, (measured - planned) / planned * 100 if planned else 0.0)
     metrics.set_startup(load, warmup)
     notifier.ready(f"ready: model loaded in {load:.1f} s, warmed up in {warmup:.1f} s")
     if watchdog is not None:

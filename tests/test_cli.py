@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +49,11 @@ def test_serve_without_a_model_builds_and_serves_the_demo_model(tmp_path: Path) 
             "model": "llmd-demo", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 3, "temperature": 0})
         assert reply.json()["choices"][0]["message"]["content"] == "Hello! I"
-        assert "memory plan: llmd-demo with profile cpu" in daemon.log() and "FITS" in daemon.log()
+        log = daemon.log()
+        assert "memory plan: llmd-demo with profile cpu" in log and "FITS" in log
+        # the plan's weights beside what loading measured: the same bytes for float32 safetensors
+        pattern = r"memory: weights planned ([\d.]+) MiB, on the device after loading \1 MiB"
+        assert re.search(pattern, log), log
     finally:
         assert daemon.stop() == 0, daemon.log()
 

@@ -154,6 +154,12 @@ class EngineClient:
         return self._worker.gpu_memory()
 
     @property
+    def device_bytes(self) -> int:
+        """Bytes the loaded model occupies on its device (0 before loading)."""
+        runner = self._worker.runner
+        return runner.load_report.device_bytes if runner is not None else 0
+
+    @property
     def startup_seconds(self) -> tuple[float, float]:
         """Model load and warm-up (compile included) seconds, once ready."""
         return self._worker.load_seconds, self._worker.warmup_seconds
