@@ -251,6 +251,12 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
     ))
+
+    def report_phase(phase: str) -> None:  # loading, compiling, warming up; READY=1 says the rest
+        if phase != "serving":
+            notifier.status(phase)
+
+    engine.phase_listeners.append(report_phase)
     await engine.start()
     watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
     watchdog = Watchdog.from_environ(notifier, EngineHealth(engine.heartbeat, alive=engine.alive))

@@ -83,6 +83,7 @@ def test_ready_after_warm_up_then_status_watchdog_and_stopping(
         assert "warm-up done" in daemon.log()
         first = systemd.messages()
         assert first[0].startswith("STATUS=loading tiny")
+        assert "STATUS=warming up" in first, first  # the phase before READY (compiling on a GPU profile)
         ready = next(m for m in first if "READY=1" in m)
         assert "STATUS=ready: model loaded in" in ready
         assert not any("WATCHDOG=1" in m for m in first[: first.index(ready)])
@@ -190,3 +191,20 @@ def daemon_with_metrics(tiny_model: Path, tmp_path_factory: pytest.TempPathFacto
     time.sleep(0.2)  # READY bookkeeping (load/warm-up gauges) runs just after /ready turns 200
     yield daemon.url
     assert daemon.stop() == 0, daemon.log()
+
+
+def test_a_compiled_profile_reports_compiling_before_ready(
+    tiny_model: Path, tmp_path: Path, systemd: Systemd
+) -> None:
+    profile = tmp_path / "compiled.yaml"
+    profile.write_text("device: cpu\nkv_cache: static\ncompile: default\nmax_context: 256\nmax_running: 2\n"
+                       "prefill_chunk_tokens: 32\nmax_step_tokens: 256\n")
+    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", str(profile), wait_ready=False,
+                          env={"NOTIFY_SOCKET": str(systemd.path)})
+    try:
+        ready_at = systemd.wait_for("READY=1", timeout=300)
+        compiling_at = systemd.wait_for("STATUS=compiling the decode step (default)")
+        assert systemd.wait_for("STATUS=loading the model") < compiling_at < ready_at
+        assert "static decode step (compile: default) warmed up in" in daemon.log()
+    finally:
+        assert daemon.stop() == 0, daemon.log()

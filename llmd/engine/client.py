@@ -44,6 +44,7 @@ class EngineClient:
             deliver=self._deliver_from_worker,
             on_ready=self._ready_from_worker,
             on_fatal=self._fatal_from_worker,
+            on_phase=self._phase_from_worker,
         ))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, GenerationStream] = {}
@@ -55,6 +56,8 @@ class EngineClient:
         self.draining = False
         # called with each stream as it closes (metrics); must not raise
         self.observers: list[Callable[[GenerationStream], None]] = []
+        # called on the event loop with each start-up phase (systemd STATUS); must not raise
+        self.phase_listeners: list[Callable[[str], None]] = []
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -145,6 +148,11 @@ class EngineClient:
         """The worker thread's step stamps, for the systemd watchdog."""
         return self._worker.heartbeat
 
+    @property
+    def phase(self) -> str:
+        """What the worker is doing: loading, compiling or warming up, then serving."""
+        return self._worker.phase
+
     def alive(self) -> bool:
         """Whether the worker thread runs (or is being stopped on purpose)."""
         return self._worker.alive()
@@ -196,6 +204,11 @@ class EngineClient:
     def _ready_from_worker(self) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self.ready.set)
+
+    def _phase_from_worker(self, phase: str) -> None:
+        assert self._loop is not None
+        for listener in self.phase_listeners:
+            self._loop.call_soon_threadsafe(listener, phase)
 
     def _fatal_from_worker(self, exc: BaseException) -> None:
         assert self._loop is not None and self.failed is not None

@@ -234,6 +234,11 @@ def tuning_checklist(
     return checks
 
 
+def attention_summary(model: PreTrainedModel, profile: Profile) -> str:
+    """One line for the start-up log: the attention implementation and which SDPA backend runs."""
+    return _attention_check(model, profile, target_device(profile)).detail
+
+
 def _attention_check(model: PreTrainedModel, profile: Profile, device: torch.device) -> Check:
     implementation = getattr(model.config, "_attn_implementation", None) or "unknown"
     if implementation != "sdpa":

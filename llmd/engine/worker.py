@@ -19,7 +19,7 @@ import torch
 
 from llmd.config import Profile
 from llmd.engine.detokenizer import OutputText
-from llmd.engine.loader import sdpa_preference
+from llmd.engine.loader import attention_summary, sdpa_preference
 from llmd.engine.runner import ModelRunner
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
@@ -39,6 +39,7 @@ class WorkerHooks:
     deliver: Delivery
     on_ready: Callable[[], None]
     on_fatal: Callable[[BaseException], None]
+    on_phase: Callable[[str], None] | None = None  # start-up phases, e.g. for systemd STATUS
 
 
 class EngineWorker:
@@ -56,6 +57,7 @@ class EngineWorker:
         self._outputs: dict[str, OutputText] = {}
         self.steps = self.generated_tokens = self.finished = self.aborted = 0
         self.load_seconds = self.warmup_seconds = self.compile_seconds = 0.0
+        self.phase = "starting"  # what the worker is doing before it serves, for systemd STATUS
         # The systemd watchdog's view of this thread: a step that never ends stops the pings.
         self.heartbeat = Heartbeat()
         self.runner: ModelRunner | None = None
@@ -118,12 +120,14 @@ class EngineWorker:
             log.exception("model load failed")
             self.hooks.on_fatal(exc)
             return
+        self._set_phase("serving")
         self.hooks.on_ready()
         with sdpa_preference(self.profile):
             while self._wait_for_work():
                 self._step()
 
     def _load(self) -> None:
+        self._set_phase(f"loading the model ({self.profile.name})")
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
@@ -135,7 +139,11 @@ class EngineWorker:
                  report.seconds, report.device, report.weight_bytes / 2**20, report.device_bytes / 2**20,
                  detail)
         self.load_seconds = report.seconds
+        log.info("attention: %s", attention_summary(self.runner.model, self.profile))
         if self.profile.warmup:
+            compiling = self.profile.compile != "none" and self.profile.kv_cache == "static"
+            phase = f"compiling the decode step ({self.profile.compile})" if compiling else "warming up"
+            self._set_phase(phase)
             started = time.perf_counter()
             with sdpa_preference(self.profile):
                 self._warm_up()
@@ -154,6 +162,11 @@ class EngineWorker:
         for _ in range(WARMUP_TOKENS):
             self.runner.decode([request])
         self.runner.release(request.request_id)
+
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        if self.hooks.on_phase is not None:
+            self.hooks.on_phase(phase)
 
     def _wait_for_work(self) -> bool:
         with self._wakeup:
