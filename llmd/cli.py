@@ -259,7 +259,8 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     engine.phase_listeners.append(report_phase)
     await engine.start()
     watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
-    watchdog = Watchdog.from_environ(notifier, EngineHealth(engine.heartbeat, alive=engine.alive))
+    health = EngineHealth(engine.heartbeat, stall_seconds=settings.stall_timeout, alive=engine.alive)
+    watchdog = Watchdog.from_environ(notifier, health)
     announcer = asyncio.ensure_future(
         announce_ready(engine, server, notifier, watchdog, app.state.metrics, plan))
     log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",

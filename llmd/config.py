@@ -88,6 +88,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Positive = 8 * 1024 * 1024
     drain_timeout: Annotated[float, Meta(ge=0)] = 30.0
+    stall_timeout: Annotated[float, Meta(gt=0)] = 120.0
     api_keys: tuple[str, ...] = ()
     api_key_file: str | None = None
     protect_metrics: bool = False
