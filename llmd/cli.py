@@ -26,7 +26,14 @@ from llmd.errors import (
     PreflightRefusal,
 )
 from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
-from llmd.preflight import MemoryPlan, choose_profile, detect_hardware, plan_for_model, render_plan
+from llmd.preflight import (
+    MemoryPlan,
+    choose_profile,
+    cuda_available,
+    detect_hardware,
+    plan_for_model,
+    render_plan,
+)
 
 if TYPE_CHECKING:
     from llmd.engine.client import EngineClient
@@ -137,9 +144,8 @@ def run_check(args: argparse.Namespace) -> int:
     from llmd.engine.checkup import render_checkup, run_checkup
 
     checkup = run_checkup(model_dir, plan.profile)
-    weights = next(item.bytes for item in plan.items if item.name == "weights")
     print()
-    print(render_checkup(checkup, weights, plan.shape.kv_bytes_per_token(plan.profile.dtype)))
+    print(render_checkup(checkup, plan.weight_bytes, plan.shape.kv_bytes_per_token(plan.profile.dtype)))
     failed = sum(not check.ok for check in checkup.checks)
     print(f"\n{failed} of {len(checkup.checks)} checks failed" if failed else "\nall checks passed")
     return 1 if failed else 0
@@ -149,11 +155,8 @@ def load_skipped_because(args: argparse.Namespace, profile: Profile) -> str | No
     """Why `llmd check` will not load the model here, or None when it will."""
     if args.no_load:
         return "--no-load"
-    if profile.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "the profile runs on CUDA and this machine has none; the plan above is for --gpu-memory"
+    if profile.device == "cuda" and not cuda_available():
+        return "the profile runs on CUDA and this machine has none; the plan above is for --gpu-memory"
     return None
 
 
@@ -232,7 +235,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
 
     notifier = Notifier.from_environ()
     notifier.status(f"loading {model_id} ({profile.name})")
-    engine = EngineClient(model_dir, profile, context_limit(model_dir, profile))
+    engine = EngineClient(model_dir, profile, plan.context)
 
     async def drain() -> None:
         stats = engine.stats()
@@ -285,8 +288,7 @@ async def announce_ready(
     while not server.started:
         await asyncio.sleep(0.05)
     load, warmup = engine.startup_seconds
-    planned = next(item.bytes for item in plan.items if item.name == "weights")
-    measured = engine.device_bytes
+    planned, measured = plan.weight_bytes, engine.device_bytes
     log.info("memory: weights planned %.1f MiB, on the device after loading %.1f MiB (%+.1f %%)",
              planned / 2**20, measured / 2**20, (measured - planned) / planned * 100 if planned else 0.0)
     metrics.set_startup(load, warmup)
@@ -355,15 +357,6 @@ async def stop_on_engine_failure(engine: object, server: object) -> None:
     exc = await asyncio.shield(engine.failed)  # type: ignore[attr-defined]
     log.error("model failed to load: %s", exc)
     server.should_exit = True  # type: ignore[attr-defined]
-
-
-def context_limit(model_dir: str, profile: Profile) -> int:
-    """The profile's max context, capped by the model's position limit."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    limit = getattr(config, "max_position_embeddings", None) or profile.max_context
-    return min(profile.max_context, int(limit))
 
 
 def configure_logging(level: str) -> None:

@@ -478,6 +478,11 @@ class MemoryPlan(msgspec.Struct, frozen=True):
         """True when everything fits in the budget."""
         return self.needed <= self.budget.bytes
 
+    @property
+    def weight_bytes(self) -> int:
+        """The weights line: what loading should measure on the device."""
+        return next(item.bytes for item in self.items if item.name == "weights")
+
 
 def memory_plan(
     shape: ModelShape, profile: Profile, budget: MemoryBudget, model: str = "model"
@@ -593,17 +598,23 @@ class HardwareFacts(NamedTuple):
     cpu_bf16: bool  # the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)
 
 
-def detect_hardware() -> HardwareFacts:
-    """CUDA device memory (if torch sees one) and the CPU's bfloat16 support, from /proc/cpuinfo."""
-    total = name = None
+def cuda_available() -> bool:
+    """Whether torch is installed and sees a CUDA device (imports torch only here)."""
     try:
         import torch
     except ImportError:
-        pass
-    else:
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            total, name = int(props.total_memory), str(props.name)
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def detect_hardware() -> HardwareFacts:
+    """CUDA device memory (if torch sees one) and the CPU's bfloat16 support, from /proc/cpuinfo."""
+    total = name = None
+    if cuda_available():
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        total, name = int(props.total_memory), str(props.name)
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").split()
     except OSError:
@@ -636,17 +647,13 @@ def measure_budget(profile: Profile) -> MemoryBudget:
 
 def _cuda_free_memory(profile: Profile) -> tuple[int, int]:
     """(free, total) bytes on the current CUDA device; refuses when there is no usable CUDA."""
-    try:
-        import torch
-    except ImportError:
-        available = False
-    else:
-        available = torch.cuda.is_available()
-    if not available:
+    if not cuda_available():
         raise DeviceUnavailable(
             f"profile `{profile.name}` runs on CUDA, but CUDA is not available here (no GPU visible, "
             "or the driver is not ready: does nvidia-smi work?). Plan from any machine with "
             "`llmd check --gpu-memory 24GiB`, or run on the CPU with `--profile cpu`")
+    import torch
+
     free, total = torch.cuda.mem_get_info()
     return int(free), int(total)
 
@@ -728,8 +735,8 @@ def _fix_lines(plan: MemoryPlan, fixes: Fixes) -> list[str]:
 
 def _four_bit_line(plan: MemoryPlan, option: FourBitOption) -> str:
     verdict = "fits" if option.fits else "does not fit either"
-    weights = next(item.bytes for item in plan.items if item.name == "weights")
-    return _fix_line(option.change, f"NF4 weights {_size(option.weights)} instead of {_size(weights)}; "
+    weights = _size(plan.weight_bytes)
+    return _fix_line(option.change, f"NF4 weights {_size(option.weights)} instead of {weights}; "
                                     f"needs {_size(option.needed)} in all: {verdict}")
 
 

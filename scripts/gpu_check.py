@@ -134,7 +134,7 @@ def check_profile(model_dir: Path, name: str, device: str) -> dict[str, Any]:
         row["refused_at_8GiB"] = not small.fits
         row["suggested"] = small.fixes.max_context if small.fixes is not None else None
     here = plan_for_model(model_dir, profile)
-    row["plan_here"] = (here.needed, here.fits, next(i.bytes for i in here.items if i.name == "weights"))
+    row["plan_here"] = (here.needed, here.fits, here.weight_bytes)
     eager = profile_for(name, device, compile="none")
     row["eager"] = measure(model_dir, eager)
     if profile.compile != "none":

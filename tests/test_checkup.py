@@ -26,7 +26,7 @@ def test_plan_is_within_10_percent_of_measured_memory(size: str, tmp_path: Path,
     model = tiny_model if size == "tiny" else build_demo_model(tmp_path / size, size)
     shape = read_model_shape(model)
     plan = memory_plan(shape, CPU, MemoryBudget(64 * 2**30, "test"))
-    planned_weights = next(item.bytes for item in plan.items if item.name == "weights")
+    planned_weights = plan.weight_bytes
     checkup = run_checkup(model, CPU)
     assert checkup.load.weight_bytes == pytest.approx(planned_weights, rel=0.10)
     assert checkup.kv_bytes_per_token == shape.kv_bytes_per_token(CPU.dtype)

@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import pytest
 import torch
+from msgspec.structs import replace
 from transformers import AutoModelForCausalLM
 
 from llmd.config import load_profile
@@ -422,14 +423,15 @@ def test_an_end_of_sequence_token_finishes_with_stop_and_adds_no_text(
     run_with_engine(tiny_model, body)
 
 
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_a_finished_exchange_is_reused_by_the_next_turn(
-    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache, max_running=2))
     prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "start a chat"}])
     other = Request("other", ChatTokenizer(tiny_model).encode_chat(PROMPT), greedy(50))
-    runner.first_token(other)  # a batch neighbour, so the finished row sits among padding
+    runner.first_token(other)  # a longer batch neighbour, so the finished row sits behind padding
     turn = Request("turn", prompt, greedy(10))
     turn.output_ids.append(runner.first_token(turn))
     for _ in range(9):
@@ -440,8 +442,5 @@ def test_a_finished_exchange_is_reused_by_the_next_turn(
     runner.reuse_prefix(reused)
     assert reused.prefilled == len(prompt) + 9  # all but the last reply token, never fed back
     runner.first_token(reused)
-    runner.release("next")
-    runner.release("other")
-    runner.prefix_cache = type(runner.prefix_cache)(max_tokens=0, min_match=16)
-    runner.first_token(Request("fresh", follow_up, greedy(202)))
+    ModelRunner(tiny_model, load_profile("cpu")).first_token(Request("fresh", follow_up, greedy(202)))
     torch.testing.assert_close(seen[201][0], seen[202][0], rtol=1e-4, atol=1e-4)

@@ -71,7 +71,7 @@ NF4 = load_profile("12gb-4bit")
 
 def weights(shape: ModelShape, profile: Profile) -> int:
     plan = memory_plan(shape, profile, gpu_memory_budget("1TiB"))
-    return next(item.bytes for item in plan.items if item.name == "weights")
+    return plan.weight_bytes
 
 
 # --- shapes and byte arithmetic --------------------------------------------------------------

@@ -121,27 +121,6 @@ def test_kv_tensors_show_a_slot_as_the_dynamic_path_holds_it(tiny_model: Path) -
     assert runners[0].kv_tensors("nobody") == []
 
 
-def test_a_retired_row_is_kept_for_prefix_reuse(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, static_profile(max_running=2))
-    prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "start a chat"}])
-    other = Request("other", ChatTokenizer(tiny_model).encode_chat(PROMPT), greedy(50))
-    runner.first_token(other)  # a longer neighbour, so the finished row sits behind padding
-    turn = Request("turn", prompt, greedy(10))
-    turn.output_ids.append(runner.first_token(turn))
-    for _ in range(9):
-        turn.output_ids.append(runner.decode([other, turn])[1])
-    runner.retire(turn)
-    follow_up = prompt + turn.output_ids + [7, 8, 9]
-    reused = Request("next", follow_up, greedy(201))
-    runner.reuse_prefix(reused)
-    assert reused.prefilled == len(prompt) + 9
-    runner.first_token(reused)
-    fresh_runner = ModelRunner(tiny_model, load_profile("cpu"))
-    fresh_runner.first_token(Request("fresh", follow_up, greedy(202)))
-    torch.testing.assert_close(seen[201][0], seen[202][0], rtol=1e-4, atol=1e-4)
-
-
 def test_the_engine_serves_a_static_profile(tiny_model: Path) -> None:
     async def main() -> tuple[str, str, float]:
         engine = EngineClient(tiny_model, static_profile(max_running=2), max_context=512)

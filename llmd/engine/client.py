@@ -148,11 +148,6 @@ class EngineClient:
         """The worker thread's step stamps, for the systemd watchdog."""
         return self._worker.heartbeat
 
-    @property
-    def phase(self) -> str:
-        """What the worker is doing: loading, compiling or warming up, then serving."""
-        return self._worker.phase
-
     def alive(self) -> bool:
         """Whether the worker thread runs (or is being stopped on purpose)."""
         return self._worker.alive()

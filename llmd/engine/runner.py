@@ -88,11 +88,6 @@ class DecodeBatch:
             for layer in _layers(self.cache)
         ]
 
-    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """One row's keys and values without its padding, copied out of the batch."""
-        views = self.row_views(request_id)
-        return None if views is None else [(keys.clone(), values.clone()) for keys, values in views]
-
     def step_mask(self) -> torch.Tensor | None:
         """The attention mask for the next token: None while no row is padded."""
         assert self.mask is not None
@@ -103,6 +98,13 @@ class DecodeBatch:
 def _layers(cache: DynamicCache) -> list[Any]:
     """The cache's per-layer key/value holders (plain DynamicLayers for full attention)."""
     return list(cache.layers)
+
+
+def _fill(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Make an empty cache hold these per-layer keys and values (the tensors themselves)."""
+    for layer, (keys, values) in zip(_layers(cache), layers, strict=True):
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -172,9 +174,7 @@ class PrefixCache:
         if best is None or length < self.min_match:
             return 0
         self._entries.move_to_end(tuple(best.token_ids))
-        for layer, (keys, values) in zip(_layers(cache), best.layers, strict=True):
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys[:, :, :length], values[:, :, :length]
+        _fill(cache, [(keys[:, :, :length], values[:, :, :length]) for keys, values in best.layers])
         self.hits += 1
         self.reused_tokens += length
         return length
@@ -267,12 +267,9 @@ class ModelRunner:
         for row, request in enumerate(requests):
             start = width - len(request.prompt_ids)
             own = DynamicCache(config=self.model.config)
-            for layer, stacked in zip(_layers(own), _layers(cache), strict=True):
-                # copies: a view would keep the whole padded batch alive in the prefix cache
-                keys = stacked.keys[row : row + 1, :, start:].clone()
-                values = stacked.values[row : row + 1, :, start:].clone()
-                layer.lazy_initialization(keys, values)
-                layer.keys, layer.values = keys, values
+            # copies: a view would keep the whole padded batch alive in the prefix cache
+            rows = (slice(row, row + 1), slice(None), slice(start, None))
+            _fill(own, [(layer.keys[rows].clone(), layer.values[rows].clone()) for layer in _layers(cache)])
             self._prefilling.pop(request.request_id, None)
             request.prefilled = len(request.prompt_ids)
             tokens[request.request_id] = self._start_decoding(request, own, out.logits[row, -1])
@@ -355,8 +352,9 @@ class ModelRunner:
         A chat that grows by a turn re-sends this prompt plus the reply: the cache holds
         every token but the last sampled one, which was never fed back.
         """
-        layers = self._batch.row_layers(request.request_id)
-        if layers is not None:
+        views = self._batch.row_views(request.request_id)
+        if views is not None:  # copied: the batch's tensors move on with the next step
+            layers = [(keys.clone(), values.clone()) for keys, values in views]
             self.prefix_cache.store_layers(request.prompt_ids + request.output_ids[:-1], layers)
         self.release(request.request_id)
 

@@ -110,11 +110,6 @@ class StaticDecodeBatch:
             for layer in self.layers
         ]
 
-    def row_layers(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """One request's keys and values without padding, copied out of the batch."""
-        views = self.row_views(request_id)
-        return None if views is None else [(keys.clone(), values.clone()) for keys, values in views]
-
     def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """One token for every running request (in `request_ids` order); returns their logits."""
         if self.column == self.capacity:

@@ -57,7 +57,6 @@ class EngineWorker:
         self._outputs: dict[str, OutputText] = {}
         self.steps = self.generated_tokens = self.finished = self.aborted = 0
         self.load_seconds = self.warmup_seconds = self.compile_seconds = 0.0
-        self.phase = "starting"  # what the worker is doing before it serves, for systemd STATUS
         # The systemd watchdog's view of this thread: a step that never ends stops the pings.
         self.heartbeat = Heartbeat()
         self.runner: ModelRunner | None = None
@@ -114,6 +113,10 @@ class EngineWorker:
             self._wakeup.notify()
 
     def _run(self) -> None:
+        with sdpa_preference(self.profile):  # warm-up and serving alike
+            self._load_then_serve()
+
+    def _load_then_serve(self) -> None:
         try:
             self._load()
         except BaseException as exc:
@@ -122,9 +125,8 @@ class EngineWorker:
             return
         self._set_phase("serving")
         self.hooks.on_ready()
-        with sdpa_preference(self.profile):
-            while self._wait_for_work():
-                self._step()
+        while self._wait_for_work():
+            self._step()
 
     def _load(self) -> None:
         self._set_phase(f"loading the model ({self.profile.name})")
@@ -145,8 +147,7 @@ class EngineWorker:
             phase = f"compiling the decode step ({self.profile.compile})" if compiling else "warming up"
             self._set_phase(phase)
             started = time.perf_counter()
-            with sdpa_preference(self.profile):
-                self._warm_up()
+            self._warm_up()
             self.warmup_seconds = time.perf_counter() - started
             log.info("warm-up done in %.2f s", self.warmup_seconds)
 
@@ -164,7 +165,6 @@ class EngineWorker:
         self.runner.release(request.request_id)
 
     def _set_phase(self, phase: str) -> None:
-        self.phase = phase
         if self.hooks.on_phase is not None:
             self.hooks.on_phase(phase)
 
@@ -200,14 +200,13 @@ class EngineWorker:
             return
         events: list[tuple[str, TokenEvent]] = []
         # Running streams get their token first; newcomers join the batch after their prefill.
-        stepped = plan.decode + [chunk.request for chunk in plan.prefill]
         self.heartbeat.step_started()
         try:
             tokens = self.runner.decode(plan.decode)
             firsts = self.runner.prefill_many([(chunk.request, chunk.stop) for chunk in plan.prefill])
         except Exception as exc:  # one failed step must not end the daemon
             log.exception("engine step failed")
-            self._fail(stepped, exc, events)
+            self._fail(plan.decode + [chunk.request for chunk in plan.prefill], exc, events)
         else:
             for request, token in zip(plan.decode, tokens, strict=True):
                 events.append((request.request_id, self._advance(request, token)))
