@@ -74,6 +74,23 @@ def test_while_others_decode_a_long_prompt_is_split_into_budgeted_chunks() -> No
     assert ids(scheduler.schedule().decode) == ["a", "long", "short"]
 
 
+def test_a_split_leaves_no_tail_of_a_quarter_chunk_or_less() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=64)
+    scheduler.add(request("a"))
+    run_chunks(scheduler.schedule())
+    for name, size in (("ten", 10), ("eleven", 11), ("tail-after-two", 18)):
+        scheduler.add(request(name, prompt_tokens=size))
+    chunks = [chunk for _ in range(5) for chunk in run_chunks(scheduler.schedule())]
+    assert chunks == [("ten", 0, 10, True),  # 8 + a tail of 2 would cost a pass for 2 tokens
+                      ("eleven", 0, 8, False), ("eleven", 8, 11, True),  # a tail of 3 is its own chunk
+                      ("tail-after-two", 0, 8, False), ("tail-after-two", 8, 18, True)]
+    tight = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=8)
+    tight.add(request("a"))
+    run_chunks(tight.schedule())
+    tight.add(request("ten", prompt_tokens=10))
+    assert run_chunks(tight.schedule()) == [("ten", 0, 8, False)]  # a step never exceeds max_step_tokens
+
+
 def test_a_finished_request_frees_its_slot_for_the_next_waiting() -> None:
     scheduler = Scheduler(max_running=1, prefill_chunk_tokens=8)
     a, b = request("a"), request("b")

@@ -48,7 +48,8 @@ class Scheduler:
     several steps instead of freezing the running streams for its whole prefill; with nobody
     decoding it is `max_step_tokens`, so a burst of newcomers is prefilled together in one
     batched pass. Only the oldest unfinished prompt is ever split: requests behind it wait
-    until it is done, so nobody is overtaken and a long prompt cannot starve.
+    until it is done, so nobody is overtaken and a long prompt cannot starve. A split never
+    leaves a tail of a quarter chunk or less for a pass of its own.
     """
 
     def __init__(
@@ -72,6 +73,8 @@ class Scheduler:
         for request in self._prefill_candidates():
             remaining = len(request.prompt_ids) - request.prefilled
             size = min(remaining, budget)
+            if 0 < remaining - size <= self._tail(size):
+                size = remaining  # a separate pass for a short tail costs a whole step's overhead
             if size < remaining and plan.prefill:
                 break  # a later prompt is only split when it is the oldest in line
             if request.status is RequestStatus.WAITING:
@@ -84,6 +87,12 @@ class Scheduler:
             if budget <= 0:
                 break
         return plan
+
+    def _tail(self, size: int) -> int:
+        """The longest prompt rest taken along with a `size`-token chunk instead of in a pass of its
+        own: a quarter chunk, within `max_step_tokens`. On the small demo model a 1-token pass
+        costs 8 ms and 64 tokens 16 ms, so a 65-token prompt in 64 + 1 paid 24 ms for 16."""
+        return min(self.prefill_chunk_tokens // 4, self.max_step_tokens - size)
 
     def _prefill_candidates(self) -> Iterator[Request]:
         """Unfinished prompts in arrival order: those already running, then admissible waiters."""
