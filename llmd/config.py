@@ -61,6 +61,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     double_quant: bool = True
     kv_cache: Literal["dynamic", "static"] = "dynamic"
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"
+    onednn_linear: bool = False
     warmup: bool = True
     max_context: Positive = 4096
     max_running: Positive = 1
@@ -169,6 +170,11 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.compile != "none" and profile.kv_cache != "static":
         refuse("compile", "needs `kv_cache: static` (fixed shapes); with a dynamic cache "
                           "every step would recompile")
+    if profile.onednn_linear and profile.device != "cpu":
+        refuse("onednn_linear", "packs weights for the CPU's oneDNN, but `device` is "
+                                f"`{profile.device}`; set it to false")
+    if profile.onednn_linear and profile.compile != "none":
+        refuse("onednn_linear", "and `compile` both rewrite the Linear layers; keep one of them")
     if profile.prefill_chunk_tokens > profile.max_context:
         refuse("prefill_chunk_tokens", f"{profile.prefill_chunk_tokens} exceeds `max_context` "
                                        f"{profile.max_context}")

@@ -80,8 +80,8 @@ def test_penalized_requests_count_their_own_tokens(tiny_model: Path, monkeypatch
         counted.append(-1.0 if counts is None else float(counts.sum()))  # type: ignore[attr-defined]
         return real_sample(logits, params, gen, counts)  # type: ignore[arg-type]
 
+    runner = ModelRunner(tiny_model, load_profile("cpu"))  # before: its load-time probe samples too
     monkeypatch.setattr(runner_module, "sample", recording_sample)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     penalized = Request("p", prompt, greedy(5, frequency_penalty=0.5))
     plain = Request("q", prompt, greedy(5))
@@ -226,6 +226,21 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
     run_with_engine(tiny_model, body)
 
 
+def assert_each_alone_gives(
+    runner: ModelRunner, prompts: list[list[int]], tokens: dict[str, list[int]], prefix: str,
+    batched_logits: dict[int, list[torch.Tensor]], seen: dict[int, list[torch.Tensor]],
+) -> None:
+    """Prompt k run alone (greedy, max_tokens 100 + k) gives request `{prefix}{k}`'s tokens and logits."""
+    for k, prompt in enumerate(prompts):
+        alone = Request(f"a{k}", prompt, greedy(100 + k))
+        count = len(tokens[f"{prefix}{k}"])
+        solo = [runner.first_token(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
+        runner.release(alone.request_id)
+        assert solo == tokens[f"{prefix}{k}"], k
+        torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
 def staggered_batch(
     runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]
 ) -> dict[str, list[int]]:
@@ -244,9 +259,12 @@ def staggered_batch(
     return tokens
 
 
-def test_batched_decode_equals_each_request_alone(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_batched_decode_equals_each_request_alone(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
+) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache))
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (3 * k + 1)}]) for k in range(8)]
     assert len({len(p) for p in prompts}) == 8, "prompt lengths must differ to exercise padding"
@@ -257,21 +275,15 @@ def test_batched_decode_equals_each_request_alone(tiny_model: Path, monkeypatch:
     for request in batch:
         runner.release(request.request_id)
     seen.clear()
-    for k, prompt in enumerate(prompts):
-        alone = Request(f"a{k}", prompt, greedy(100 + k))
-        count = len(together[f"b{k}"])
-        solo = [runner.first_token(alone)] + [runner.decode([alone])[0] for _ in range(count - 1)]
-        runner.release(alone.request_id)
-        assert solo == together[f"b{k}"], k
-        torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
-                                   rtol=1e-4, atol=1e-4)
+    assert_each_alone_gives(runner, prompts, together, "b", batched_logits, seen)
 
 
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_a_burst_prefilled_together_equals_each_request_alone(
-    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache))
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (5 * k + 1)}]) for k in range(5)]
     early = Request("early", prompts[0], greedy(99))
@@ -300,7 +312,7 @@ def test_a_burst_prefilled_together_equals_each_request_alone(
 
 
 def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache="dynamic"))
     tokenizer = ChatTokenizer(tiny_model)
     short = Request("s", tokenizer.encode_chat([{"role": "user", "content": "hi"}]), greedy(50))
     long = Request("l", tokenizer.encode_chat([{"role": "user", "content": "word " * 40}]), greedy(50))
@@ -326,6 +338,60 @@ def test_chunked_prefill_equals_whole_prefill(tiny_model: Path, monkeypatch: pyt
     chunked_tokens = [runner.prefill(chunked)] + [runner.decode([chunked])[0] for _ in range(5)]
     assert chunked_tokens == whole_tokens
     torch.testing.assert_close(torch.stack(seen[102]), torch.stack(seen[101]), rtol=1e-4, atol=1e-4)
+
+
+def test_fused_steps_equal_each_request_alone(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode rows and prompt chunks in one pass: joins, split prompts, a reused prefix, a leave."""
+    seen = record_logits(monkeypatch)
+    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    assert runner.fused
+    passes = count_forward_passes(runner, monkeypatch)
+    tokenizer = ChatTokenizer(tiny_model)
+    prompts = [tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "word " * (4 * k + 1)}])
+               for k in range(5)]
+    requests = [Request(f"f{k}", p, greedy(100 + k)) for k, p in enumerate(prompts)]
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    runner.reuse_prefix(requests[0])
+    tokens["f0"].append(runner.first_token(requests[0]))
+    running = [requests[0]]
+    for joining in requests[1:]:
+        runner.reuse_prefix(joining)  # the shared system prompt is cached after the first
+        stops = [*range(joining.prefilled + 9, len(joining.prompt_ids), 9), len(joining.prompt_ids)]
+        for stop in stops:  # each chunk shares a pass with a decode step of everyone running
+            passes.clear()
+            decoded, firsts = runner.step(running, [(joining, stop)])
+            assert len(passes) == 1
+            for request, token in zip(running, decoded, strict=True):
+                tokens[request.request_id].append(token)
+            if firsts[0] is not None:
+                tokens[joining.request_id].append(firsts[0])
+        running.append(joining)
+        if joining.request_id == "f2":
+            runner.release("f1")
+            running = [r for r in running if r.request_id != "f1"]
+    assert runner.prefix_cache.hits >= 4
+    for _ in range(3):
+        for request, token in zip(running, runner.step(running, [])[0], strict=True):
+            tokens[request.request_id].append(token)
+    batched = {k: list(v) for k, v in seen.items()}
+    for request in running:
+        runner.release(request.request_id)
+    seen.clear()
+    alone_runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
+    assert_each_alone_gives(alone_runner, prompts, tokens, "f", batched, seen)
+
+
+def count_forward_passes(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets one entry per forward pass of the runner's model."""
+    passes: list[int] = []
+    real_forward = runner.model.forward
+
+    def counting_forward(*args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward", counting_forward)
+    return passes
 
 
 def test_abort_mid_prefill_frees_the_cache(tiny_model: Path) -> None:

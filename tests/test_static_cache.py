@@ -27,7 +27,8 @@ LEAVE = {3: "b1", 14: "b3", 20: "b2"}
 
 
 def static_profile(**changes: object) -> Profile:
-    return replace(load_profile("cpu"), kv_cache="static", **changes)
+    compiled = changes.get("compile", "none") != "none"  # compile packs its own weights
+    return replace(load_profile("cpu"), kv_cache="static", onednn_linear=not compiled, **changes)
 
 
 def prompts_of(tiny_model: Path, words: list[int]) -> list[list[int]]:

@@ -10,6 +10,7 @@ needs the loaded model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from collections.abc import Iterator
@@ -24,7 +25,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
+from llmd.engine.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.errors import DeviceUnavailable, PreflightRefusal
+
+log = logging.getLogger("llmd.engine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = {
@@ -44,6 +48,7 @@ class LoadReport:
     weight_bytes: int  # parameters and buffers, each storage counted once
     device_bytes: int  # cuda: memory_allocated after load; cpu: the same tensor bytes
     rss_growth_bytes: int  # process resident memory added by loading
+    prepack: PackReport | None = None  # `onednn_linear`: what was packed; None when not asked or not possible
 
 
 def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel, LoadReport]:
@@ -62,6 +67,7 @@ def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     model.eval()
     verify_placement(model, device)
+    prepack = prepack_linears(model) if profile.onednn_linear else None
     weight_bytes = tensor_bytes(model)
     device_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else weight_bytes
     report = LoadReport(
@@ -70,8 +76,43 @@ def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel
         weight_bytes=weight_bytes,
         device_bytes=device_bytes,
         rss_growth_bytes=psutil.Process().memory_info().rss - rss_before,
+        prepack=prepack,
     )
     return model, report
+
+
+def prepack_linears(model: PreTrainedModel) -> PackReport | None:
+    """Pack the model's Linear weights for oneDNN, proven on a probe to give the same logits.
+
+    Anything wrong (no oneDNN in this torch, a model that reads a Linear's `weight` itself, a
+    different result) leaves the layers as they were, with a warning: it costs speed, not service.
+    """
+    unavailable = unavailable_reason()
+    if unavailable is not None:
+        log.warning("onednn_linear: %s; Linear layers stay unpacked", unavailable)
+        return None
+    probe = torch.arange(min(8, int(model.config.vocab_size)), device=model.device).unsqueeze(0)
+    with torch.inference_mode():
+        expected = model(input_ids=probe).logits.float()
+        report = pack_linears(model)
+        try:
+            got = model(input_ids=probe).logits.float()
+            problem = logits_differ(expected, got)
+        except Exception as exc:  # e.g. a model that reads `self.proj.weight` directly
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        unpack_linears(model)
+        log.warning("onednn_linear: the packed model failed its probe (%s); Linear layers stay unpacked",
+                    problem)
+        return None
+    return report
+
+
+def logits_differ(expected: torch.Tensor, got: torch.Tensor) -> str | None:
+    """None when the probe's logits agree to rounding, else how far apart they are."""
+    worst = float((expected - got).abs().max())
+    scale = float(expected.abs().max()) or 1.0
+    return None if worst <= 1e-3 * scale + 1e-5 else f"logits differ by up to {worst:.3g} of {scale:.3g}"
 
 
 def target_device(profile: Profile) -> torch.device:
@@ -143,6 +184,9 @@ def tensor_bytes(model: torch.nn.Module) -> int:
     seen: set[tuple[str, int]] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.layout == torch._mkldnn:  # type: ignore[attr-defined]  # packed: no storage to share
+            total += tensor.numel() * tensor.element_size()
+            continue
         storage = tensor.untyped_storage()
         key = (str(tensor.device), storage.data_ptr())
         if key not in seen:

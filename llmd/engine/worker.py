@@ -141,6 +141,8 @@ class EngineWorker:
                  report.seconds, report.device, report.weight_bytes / 2**20, report.device_bytes / 2**20,
                  detail)
         self.load_seconds = report.seconds
+        if report.prepack is not None:
+            log.info("linear layers: %s", report.prepack.summary())
         log.info("attention: %s", attention_summary(self.runner.model, self.profile))
         if self.profile.warmup:
             compiling = self.profile.compile != "none" and self.profile.kv_cache == "static"
@@ -202,8 +204,8 @@ class EngineWorker:
         # Running streams get their token first; newcomers join the batch after their prefill.
         self.heartbeat.step_started()
         try:
-            tokens = self.runner.decode(plan.decode)
-            firsts = self.runner.prefill_many([(chunk.request, chunk.stop) for chunk in plan.prefill])
+            chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
+            tokens, firsts = self.runner.step(plan.decode, chunks)
         except Exception as exc:  # one failed step must not end the daemon
             log.exception("engine step failed")
             self._fail(plan.decode + [chunk.request for chunk in plan.prefill], exc, events)

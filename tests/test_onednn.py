@@ -1,0 +1,116 @@
+"""`onednn_linear`: Linear layers on prepacked weights compute what nn.Linear does, and back off safely."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from msgspec.structs import replace
+
+from llmd.config import load_profile
+from llmd.engine.loader import load_model, tensor_bytes
+from llmd.engine.onednn import PackedLinear, pack_linears, unpack_linears
+from llmd.engine.runner import DecodeBatch, ModelRunner
+from llmd.engine.static import StaticDecodeBatch, UnsupportedCache
+from llmd.errors import ConfigError
+
+CPU = load_profile("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_packed_linear_computes_what_the_linear_does(dtype: torch.dtype, bias: bool) -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80, bias=bias, dtype=dtype)
+    packed = PackedLinear(linear)
+    inputs = [torch.randn(1, 48, dtype=dtype), torch.randn(3, 7, 48, dtype=dtype),
+              torch.randn(48, 9, dtype=dtype).t()]  # one row, a batch of sequences, a transposed view
+    with torch.inference_mode():
+        for x in inputs:
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+        back = packed.unpacked()
+        torch.testing.assert_close(back.weight, linear.weight, rtol=0, atol=0)
+        torch.testing.assert_close(back(inputs[1]), linear(inputs[1]), rtol=0, atol=0)
+
+
+def test_tied_and_other_weights_are_left_alone() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(32, 16)
+            self.proj = torch.nn.Linear(16, 16)
+            self.half = torch.nn.Linear(16, 16).half()
+            self.head = torch.nn.Linear(16, 32, bias=False)
+            self.head.weight = self.embed.weight
+
+    model = Tied()
+    report = pack_linears(model)
+    assert report.packed == 1 and isinstance(model.proj, PackedLinear)
+    assert report.skipped == {"half": "float16 weights", "head": "weight shared with another module (tied)"}
+    assert model.head.weight is model.embed.weight
+    assert unpack_linears(model) == 1 and type(model.proj) is torch.nn.Linear
+
+
+def test_the_cpu_profile_loads_packed_and_gives_the_plain_models_logits(tiny_model: Path) -> None:
+    packed, report = load_model(tiny_model, CPU)
+    plain, plain_report = load_model(tiny_model, replace(CPU, onednn_linear=False))
+    assert report.prepack is not None and plain_report.prepack is None
+    config = plain.config
+    linears = config.num_hidden_layers * 7 + 1  # q k v o, gate up down, and the output head
+    assert report.prepack.packed == linears and not report.prepack.skipped
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == linears
+    assert report.weight_bytes == pytest.approx(plain_report.weight_bytes, rel=0.01)
+    assert tensor_bytes(packed) == report.weight_bytes
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(input_ids=ids).logits, plain(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_that_fails_packed_is_served_unpacked(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def reads_the_weight(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        raise AttributeError("'PackedLinear' object has no attribute 'weight'")
+
+    monkeypatch.setattr(PackedLinear, "forward", reads_the_weight)
+    with caplog.at_level(logging.WARNING, "llmd.engine"):
+        model, report = load_model(tiny_model, CPU)
+    assert report.prepack is None
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert "failed its probe (AttributeError" in caplog.text
+    with torch.inference_mode():
+        assert model(input_ids=torch.tensor([[3, 4, 5]])).logits.isfinite().all()
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"device": "cuda"}, "packs weights for the CPU's oneDNN, but `device` is `cuda`"),
+    ({"kv_cache": "static", "compile": "default"}, "and `compile` both rewrite the Linear layers"),
+])
+def test_contradicting_onednn_profiles_are_refused(
+    tmp_path: Path, changes: dict[str, str], message: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("onednn_linear: true\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
+    with pytest.raises(ConfigError, match=message):
+        load_profile(str(path))
+
+
+def test_an_eager_static_cache_falls_back_for_layers_it_cannot_hold(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def sliding(*args: object) -> None:
+        raise UnsupportedCache("kv_cache: static handles full-attention layers only, this model also has "
+                               "SlidingWindowLayer")
+
+    monkeypatch.setattr("llmd.engine.static._allocate", sliding)
+    assert CPU.kv_cache == "static"
+    with caplog.at_level(logging.WARNING, "llmd.engine"):
+        runner = ModelRunner(tiny_model, CPU)
+    assert isinstance(runner._batch, DecodeBatch) and "decoding with the dynamic cache instead" in caplog.text
+    with pytest.raises(UnsupportedCache):
+        ModelRunner(tiny_model, replace(CPU, compile="default", onednn_linear=False))
+    monkeypatch.undo()
+    assert isinstance(ModelRunner(tiny_model, CPU)._batch, StaticDecodeBatch)
