@@ -12,7 +12,7 @@ from msgspec.structs import replace
 from llmd.config import load_profile
 from llmd.engine.loader import load_model, tensor_bytes
 from llmd.engine.onednn import PackedLinear, pack_linears, unpack_linears
-from llmd.engine.runner import DecodeBatch, ModelRunner
+from llmd.engine.runner import DecodeBatch, ModelRunner, ThreadPlan
 from llmd.engine.static import StaticDecodeBatch, UnsupportedCache
 from llmd.errors import ConfigError
 
@@ -114,3 +114,15 @@ def test_an_eager_static_cache_falls_back_for_layers_it_cannot_hold(
         ModelRunner(tiny_model, replace(CPU, compile="default", onednn_linear=False))
     monkeypatch.undo()
     assert isinstance(ModelRunner(tiny_model, CPU)._batch, StaticDecodeBatch)
+
+
+def test_with_packed_weights_a_lone_stream_decodes_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llmd.engine.runner.psutil.cpu_count", lambda logical=True: 4)
+    packed = ThreadPlan.for_profile(CPU)
+    plain = ThreadPlan.for_profile(replace(CPU, onednn_linear=False))
+    pinned = ThreadPlan.for_profile(replace(CPU, torch_threads=3))
+    assert packed is not None and plain is not None and pinned is not None
+    assert (packed.for_rows(1), packed.for_rows(8)) == (4, 4)
+    assert (plain.for_rows(1), plain.for_rows(8)) == (3, 4)
+    assert (pinned.for_rows(1), pinned.for_rows(8)) == (3, 3)
+    assert ThreadPlan.for_profile(replace(CPU, device="cuda", onednn_linear=False)) is None

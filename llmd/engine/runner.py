@@ -510,13 +510,14 @@ class ModelRunner:
 class ThreadPlan:
     """Intra-op threads for CPU inference: one stream's decode apart from everything else.
 
-    A lone stream's decode leaves one physical core to the event loop and the client: a
-    thread team that fills every core stalls at its barrier whenever the HTTP side runs,
-    and one thread decodes one row of a small model as fast as two. Prefill and batched
-    decode are compute-bound, so they take every core. Measured on 2 cores, small demo
-    model: C=1 over HTTP 0.96-0.98x of in-process with one decode thread, 0.89x with two;
-    a 76-token prefill 34-57 ms on two threads, 75 ms on one; C=8 over HTTP 257 tok/s
-    with two threads for the batch, 209 with one.
+    With plain nn.Linear a lone stream's decode leaves one physical core to the event loop
+    and the client: a thread team that fills every core stalls at its barrier whenever the
+    HTTP side runs, and one thread decodes one row of a small model as fast as two (C=1
+    over HTTP 0.96-0.98x of in-process with one thread, 0.89x with two). With `onednn_linear`
+    two threads do a one-row GEMM twice as fast as one, which outweighs the stalls: C=1 over
+    HTTP 98 tok/s on every core against 69 on one (small demo model, float32, 2 cores), so
+    then every core decodes. Prefill and batched decode are compute-bound and always take
+    every core (C=8 over HTTP 257 tok/s with two threads for the batch, 209 with one).
     """
 
     lone_decode: int
@@ -530,7 +531,8 @@ class ThreadPlan:
         if profile.torch_threads:
             return cls(profile.torch_threads, profile.torch_threads)
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        return cls(lone_decode=max(1, cores - 1), compute=cores)
+        lone = cores if profile.onednn_linear else max(1, cores - 1)
+        return cls(lone_decode=lone, compute=cores)
 
     def for_rows(self, rows: int) -> int:
         """Threads for a forward pass over `rows` new positions (a prompt, or a batch)."""
