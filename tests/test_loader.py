@@ -83,7 +83,8 @@ def test_checklist_passes_for_the_cpu_profile(tiny_model: Path) -> None:
     checks = tuning_checklist(runner.model, CPU, kv_keys(runner, list(range(3, 12))))
     assert [c.name for c in checks if not c.ok] == [], checks
     assert {c.name for c in checks} >= {"nothing offloaded", "eval mode", "inference mode", "KV cache on",
-                                        "SDPA attention", "weights not float32 on a GPU"}
+                                        "SDPA attention", "weights not float32 on a GPU",
+                                        "oneDNN prepacked Linear"}
 
 
 def test_checklist_catches_training_mode_no_cache_and_eager_attention(tiny_model: Path) -> None:

@@ -10,7 +10,7 @@ import torch
 from msgspec.structs import replace
 
 from llmd.config import load_profile
-from llmd.engine.loader import load_model, tensor_bytes
+from llmd.engine.loader import load_model, tensor_bytes, tuning_checklist
 from llmd.engine.onednn import PackedLinear, pack_linears, unpack_linears
 from llmd.engine.runner import DecodeBatch, ModelRunner, ThreadPlan
 from llmd.engine.static import StaticDecodeBatch, UnsupportedCache
@@ -81,6 +81,8 @@ def test_a_model_that_fails_packed_is_served_unpacked(
     assert report.prepack is None
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
     assert "failed its probe (AttributeError" in caplog.text
+    check = {c.name: c for c in tuning_checklist(model, CPU, None)}["oneDNN prepacked Linear"]
+    assert not check.ok and check.detail == "not packed"
     with torch.inference_mode():
         assert model(input_ids=torch.tensor([[3, 4, 5]])).logits.isfinite().all()
 

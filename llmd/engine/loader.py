@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
-from llmd.engine.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
+from llmd.engine.onednn import PackedLinear, PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.errors import DeviceUnavailable, PreflightRefusal
 
 log = logging.getLogger("llmd.engine")
@@ -275,6 +275,12 @@ def tuning_checklist(
     checks.append(_attention_check(model, profile, device))
     if profile.quantization == "nf4":
         checks.append(_bitsandbytes_check(model))
+    if profile.onednn_linear:
+        packed = sum(isinstance(module, PackedLinear) for module in model.modules())
+        checks.append(Check("oneDNN prepacked Linear", packed > 0,
+                            f"{packed} Linear layers on prepacked weights" if packed else "not packed",
+                            "see the onednn_linear warning in the log (a torch without oneDNN, or a "
+                            "model whose packed forward differed)"))
     return checks
 
 

@@ -143,6 +143,8 @@ class EngineWorker:
         self.load_seconds = report.seconds
         if report.prepack is not None:
             log.info("linear layers: %s", report.prepack.summary())
+        if self.runner.fused:
+            log.info("steps: a newcomer's prompt chunk shares the forward pass of the decoding streams")
         log.info("attention: %s", attention_summary(self.runner.model, self.profile))
         if self.profile.warmup:
             compiling = self.profile.compile != "none" and self.profile.kv_cache == "static"
