@@ -4,8 +4,10 @@ Keys and values live in transformers' `StaticCache`, allocated once per layer as
 [slots, kv_heads, capacity, head_dim]. Every decode step writes one column, the same for every
 slot: the layers' `cumulative_length`, mirrored here as `column`. A running request owns one slot
 and its tokens sit there left-padded, ending just before that column; `mask` ([slots, capacity])
-marks the columns each slot attends to. So the model always sees input_ids and position_ids of
-[slots, 1] and a mask of [slots, capacity], whoever is running.
+marks the columns each slot attends to. Compiled, the model always sees input_ids and
+position_ids of [slots, 1] and a mask of [slots, capacity], whoever is running. Eager, it sees
+a window of views instead: the slots up to the last one in use and the columns the longest
+running request needs, so a step costs what the running requests need, not the capacity.
 
 A request joins a free slot after its own (eager, any-length) prefill by copying its keys and
 values in; it leaves by zeroing its mask row. A newcomer longer than the column moves everyone
@@ -14,6 +16,10 @@ Free slots still run: they feed token 0 and attend at least to the column they w
 attention row is ever fully masked (softmax over nothing is NaN, and 0 x NaN in the value
 product would leak it through the padding of whoever takes the slot next). Only running
 requests' logits leave `step`, so nothing is sampled for a free slot.
+
+Eager, `step_with_prefill` also takes newcomers' prompt chunks into the same forward pass (the
+fused step): all tokens go through the model as one packed sequence and `fused_attention` keeps
+attention per request.
 """
 
 from __future__ import annotations
@@ -422,8 +428,8 @@ def _allocate(model: PreTrainedModel, slots: int, capacity: int, dtype: torch.dt
     cache = StaticCache(config=config, max_cache_len=capacity)
     odd = sorted({type(layer).__name__ for layer in cache.layers if type(layer) is not StaticLayer})
     if odd:
-        raise UnsupportedCache(f"kv_cache: static handles full-attention layers only, this model also has "
-                         f"{', '.join(odd)}; use kv_cache: dynamic")
+        raise UnsupportedCache(f"kv_cache: static handles full-attention layers only, this model "
+                               f"also has {', '.join(odd)}; use kv_cache: dynamic")
     heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     cache.early_initialization(slots, heads, head_dim, dtype, model.device)
