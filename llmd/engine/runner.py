@@ -62,6 +62,7 @@ class DecodeBatch:
                 mine.keys = torch.cat([_pad_left(mine.keys, width), _pad_left(theirs.keys, width)])
                 mine.values = torch.cat([_pad_left(mine.values, width), _pad_left(theirs.values, width)])
             self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)])
+            sync_lengths(self.cache)
         self.request_ids.append(request_id)
 
     def leave(self, request_id: str) -> None:
@@ -79,6 +80,7 @@ class DecodeBatch:
         for layer in _layers(self.cache):
             layer.keys = layer.keys[keep, :, first:]
             layer.values = layer.values[keep, :, first:]
+        sync_lengths(self.cache)
 
     def row_views(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """One row's keys and values without its padding: views into the batch, valid until a step."""
@@ -108,6 +110,29 @@ def _fill(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) 
     for layer, (keys, values) in zip(_layers(cache), layers, strict=True):
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
+    sync_lengths(cache)
+
+
+def new_cache(config: Any) -> DynamicCache:
+    """An empty per-request cache whose sliding-window layers keep every token.
+
+    transformers' sliding-window layers drop keys older than the window as they go. The
+    decode batch pads, stacks and trims caches by columns, and the prefix cache stores whole
+    prompts, so every layer must hold the same columns: these layers record the whole past
+    and still give attention only the window (and the mask sizes say so).
+    """
+    cache = DynamicCache(config=config)
+    for layer in _layers(cache):
+        if hasattr(layer, "activate_past_recording"):
+            layer.activate_past_recording()
+    return cache
+
+
+def sync_lengths(cache: DynamicCache) -> None:
+    """Tell sliding-window layers how many columns they hold after we edited their tensors."""
+    for layer in _layers(cache):
+        if hasattr(layer, "cumulative_length") and getattr(layer, "is_initialized", False):
+            layer.cumulative_length = int(layer.keys.shape[-2])
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -239,7 +264,7 @@ class ModelRunner:
         stop = len(request.prompt_ids) if upto is None else upto
         cache = self._prefilling.get(request.request_id)
         if cache is None:  # no reuse_prefix() first: compute the whole prompt
-            cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
+            cache = self._prefilling[request.request_id] = new_cache(self.model.config)
         chunk = request.prompt_ids[request.prefilled : stop]
         ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
         positions = torch.arange(request.prefilled, stop, device=self.device).unsqueeze(0)
@@ -279,7 +304,7 @@ class ModelRunner:
             ids[row, width - length :] = torch.tensor(request.prompt_ids)
             mask[row, width - length :] = 1
             positions[row, width - length :] = torch.arange(length)
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model.config)
         self._use_threads(int(mask.sum()))
         out = self.model(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
@@ -288,7 +313,7 @@ class ModelRunner:
         tokens = {}
         for row, request in enumerate(requests):
             start = width - len(request.prompt_ids)
-            own = DynamicCache(config=self.model.config)
+            own = new_cache(self.model.config)
             # copies: a view would keep the whole padded batch alive in the prefix cache
             rows = (slice(row, row + 1), slice(None), slice(start, None))
             _fill(own, [(layer.keys[rows].clone(), layer.values[rows].clone()) for layer in _layers(cache)])
@@ -318,7 +343,7 @@ class ModelRunner:
         """
         cache = self._prefilling.get(request.request_id)
         if cache is None:
-            cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
+            cache = self._prefilling[request.request_id] = new_cache(self.model.config)
             request.prefilled = self.prefix_cache.seed(request.prompt_ids, cache)
         return cache
 
@@ -355,7 +380,7 @@ class ModelRunner:
         for request, stop in chunks:
             cache = self._prefilling.get(request.request_id)
             if cache is None:
-                cache = self._prefilling[request.request_id] = DynamicCache(config=self.model.config)
+                cache = self._prefilling[request.request_id] = new_cache(self.model.config)
             chunk = request.prompt_ids[request.prefilled : stop]
             inputs.append(PrefillInput(chunk, request.prefilled, cache))
         self._use_threads(batch.rows + sum(len(chunk.token_ids) for chunk in inputs))
@@ -387,7 +412,7 @@ class ModelRunner:
         try:
             token = self.first_token(first)
             assert isinstance(self._batch, StaticDecodeBatch)
-            fresh = DynamicCache(config=self.model.config)
+            fresh = new_cache(self.model.config)
             decoded, joined = self._batch.step_with_prefill(
                 [token], [len(first.prompt_ids)], [PrefillInput(other.prompt_ids, 0, fresh)]
             )
