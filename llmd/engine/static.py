@@ -125,12 +125,7 @@ class StaticDecodeBatch:
 
     def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """One token for every running request (in `request_ids` order); returns their logits."""
-        if self.column == self.capacity:
-            self._compact()
-        slots = [slot for slot, owner in enumerate(self.owners) if owner is not None]
-        ids, where = [0] * self.slots, [0] * self.slots
-        for slot, token, position in zip(slots, tokens, positions, strict=True):
-            ids[slot], where[slot] = token, position
+        slots, ids, where = self._slot_inputs(tokens, positions, self.slots)
         self.input_ids.copy_(torch.tensor(ids).view(-1, 1))
         self.position_ids.copy_(torch.tensor(where).view(-1, 1))
         logits = self._run()
@@ -151,22 +146,19 @@ class StaticDecodeBatch:
         is the caller's move, as after a separate prefill.
         """
         assert self.compile_mode == "none", "the fused step runs eager"
-        if self.column == self.capacity:
-            self._compact()
-        slots = [slot for slot, owner in enumerate(self.owners) if owner is not None]
-        rows, start = self.rows, self.column - max(self.lengths)
-        ids, where = [0] * rows, [0] * rows
-        for slot, token, position in zip(slots, tokens, positions, strict=True):
-            ids[slot], where[slot] = token, position
+        rows = self.rows
+        slots, ids, where = self._slot_inputs(tokens, positions, rows)
+        device = self.mask.device
         segments, offset = [], rows
         for chunk in chunks:
             ids += chunk.token_ids
             where += range(chunk.start, chunk.start + len(chunk.token_ids))
-            segments.append(_Segment(offset, len(chunk.token_ids), chunk.start, chunk.cache))
+            segments.append(_Segment.of(chunk, offset, device))
             offset += len(chunk.token_ids)
-        device = self.mask.device
         self.mask[:, self.column] = True
-        layout = FusedLayout(self, rows, start, self.mask[:rows, start : self.column + 1], segments)
+        start = self.column - max(self.lengths)
+        window = self.mask[:rows, start : self.column + 1]
+        layout = FusedLayout(self, rows, start, window[:, None, None, :], segments)
         keep = torch.tensor(slots + [s.offset + s.length - 1 for s in segments], device=device)
         with attention_implementation(self.model.config, FUSED_ATTENTION):
             out = self.model(
@@ -179,6 +171,19 @@ class StaticDecodeBatch:
             self.lengths[slot] += 1
         logits = out.logits[0]
         return logits[: len(slots)], list(logits[len(slots) :])
+
+    def _slot_inputs(
+        self, tokens: list[int], positions: list[int], width: int
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(running slots, token per slot, position per slot) for the first `width` slots, free
+        ones fed token 0; compacts first when the column has reached capacity."""
+        if self.column == self.capacity:
+            self._compact()
+        slots = [slot for slot, owner in enumerate(self.owners) if owner is not None]
+        ids, where = [0] * width, [0] * width
+        for slot, token, position in zip(slots, tokens, positions, strict=True):
+            ids[slot], where[slot] = token, position
+        return slots, ids, where
 
     @torch.inference_mode()
     def warm_up(self, steps: int = 3) -> float:
@@ -318,8 +323,17 @@ class PrefillInput:
 class _Segment:
     offset: int  # where the chunk's tokens sit in the packed sequence
     length: int
-    past: int  # tokens already in its cache
     cache: DynamicCache
+    mask: torch.Tensor | None  # causal over the cached tokens and the chunk; None: plain causal
+
+    @classmethod
+    def of(cls, chunk: PrefillInput, offset: int, device: torch.device) -> _Segment:
+        """The chunk at `offset`, with its mask built once for every layer."""
+        length, mask = len(chunk.token_ids), None
+        if chunk.start:  # causal, shifted right by what the cache already holds
+            mask = torch.ones((length, chunk.start + length), dtype=torch.bool, device=device)
+            mask = mask.tril(chunk.start)
+        return cls(offset, length, chunk.cache, mask)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +343,7 @@ class FusedLayout:
     batch: StaticDecodeBatch
     rows: int  # decode slots [0, rows), one token each
     start: int  # the window's first column
-    mask: torch.Tensor  # [rows, window] columns each decode row attends to
+    mask: torch.Tensor  # [rows, 1, 1, window] columns each decode row attends to
     segments: list[_Segment]
 
 
@@ -360,19 +374,15 @@ def fused_attention(
     keys = tensors.keys[:rows, :, layout.start : column + 1]
     values = tensors.values[:rows, :, layout.start : column + 1]
     packed = query[0, :, :rows].transpose(0, 1).reshape(rows, kv_heads, groups, dim)
-    decoded = F.scaled_dot_product_attention(packed, keys, values, attn_mask=layout.mask[:, None, None, :],
-                                             scale=scaling)
+    decoded = F.scaled_dot_product_attention(packed, keys, values, attn_mask=layout.mask, scale=scaling)
     outputs = [decoded.reshape(rows, heads, dim)]
     for segment in layout.segments:
         span = slice(segment.offset, segment.offset + segment.length)
         cached: Any = segment.cache.layers[layer]
         all_keys, all_values = cached.update(key[:, :, span], value[:, :, span])
-        mask = None
-        if segment.past:  # causal, shifted right by what the cache already held
-            mask = torch.ones((segment.length, segment.past + segment.length), dtype=torch.bool,
-                              device=query.device).tril(segment.past)
-        out = F.scaled_dot_product_attention(query[:, :, span], all_keys, all_values, attn_mask=mask,
-                                             is_causal=mask is None, scale=scaling, enable_gqa=groups > 1)
+        out = F.scaled_dot_product_attention(query[:, :, span], all_keys, all_values, attn_mask=segment.mask,
+                                             is_causal=segment.mask is None, scale=scaling,
+                                             enable_gqa=groups > 1)
         outputs.append(out[0].transpose(0, 1))
     return torch.cat(outputs).unsqueeze(0), None
 
