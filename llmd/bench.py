@@ -17,11 +17,11 @@ import secrets
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import httpx
+from llmd.streamclient import Reply, StreamClient
 
 if TYPE_CHECKING:
     from llmd.engine.offline import DecodeTrace
@@ -452,8 +452,7 @@ def _common_suffix_len(first: Sequence[int], second: Sequence[int]) -> int:
 class HttpSession:
     """Sends chat completions to one OpenAI-compatible base URL."""
 
-    client: httpx.AsyncClient
-    base_url: str
+    client: StreamClient
     model: str
     max_tokens: int
     temperature: float
@@ -478,10 +477,11 @@ class HttpSession:
     async def prompt_tokens(self, prompt: str) -> int:
         """usage.prompt_tokens the server counts for `prompt` (one non-streamed token)."""
         body = self.body(prompt, stream=False, max_tokens=1)
-        response = await self.client.post(f"{self.base_url}/chat/completions", json=body)
-        if response.status_code >= 400:
-            raise BenchError(_http_error(response.status_code, response.text))
-        payload = response.json()
+        async with asyncio.timeout(self.timeout):
+            reply = await self.client.request("POST", "/chat/completions", _json_bytes(body))
+        if reply.status >= 400:
+            raise BenchError(_http_error(reply))
+        payload = json.loads(reply.body)
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
             raise BenchError("the server reports no usage.prompt_tokens")
@@ -495,7 +495,7 @@ class HttpSession:
                 await self._consume(prompt, result)
         except TimeoutError:
             result.error = None if result.done else f"timed out after {self.timeout:g}s"
-        except (httpx.HTTPError, OSError) as exc:
+        except OSError as exc:  # refused, reset, or not HTTP (TransportError)
             result.error = f"{type(exc).__name__}: {exc}"
         if result.finished is None:
             result.finished = time.perf_counter()
@@ -503,19 +503,20 @@ class HttpSession:
 
     async def _consume(self, prompt: str, result: StreamResult) -> None:
         body = self.body(prompt, stream=True, max_tokens=self.max_tokens)
-        url = f"{self.base_url}/chat/completions"
-        async with self.client.stream("POST", url, json=body) as response:
-            if response.status_code >= 400:
-                text = (await response.aread()).decode(errors="replace")
-                result.error = _http_error(response.status_code, text)
-                return
-            parser = SSEParser()
-            async for data in response.aiter_bytes():
-                # After [DONE] keep reading to the body's end so the connection is reused.
-                if not result.done:
-                    record_events(result, parser.feed(data))
-                if result.error is not None:
-                    return
+        parser = SSEParser()
+
+        def sink(data: bytes) -> bool:
+            # Runs as the bytes arrive. After [DONE] the rest of the body is still read,
+            # so the connection is reused; an error ends the exchange at once.
+            if not result.done:
+                record_events(result, parser.feed(data))
+            return result.error is not None
+
+        reply = await self.client.request("POST", "/chat/completions", _json_bytes(body), sink)
+        if reply.status >= 400:
+            result.error = _http_error(reply)
+        if result.error is not None:
+            return
         # A stream that reported its finish_reason completed, even if the server then
         # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
         if not result.done and result.finish_reason is None:
@@ -570,17 +571,23 @@ def _delta_text(chunk: dict[str, Any]) -> str:
     return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
 
 
-def _http_error(status: int, text: str) -> str:
-    return f"HTTP {status}: {' '.join(text.split())[:200]}"
+def _http_error(reply: Reply) -> str:
+    return f"HTTP {reply.status}: {' '.join(reply.text.split())[:200]}"
 
 
-async def fetch_model(client: httpx.AsyncClient, base_url: str) -> str:
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+async def fetch_model(client: StreamClient, base_url: str, timeout: float) -> str:
     """The first model id listed at GET {base_url}/models."""
     try:
-        response = await client.get(f"{base_url}/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        async with asyncio.timeout(timeout):
+            reply = await client.request("GET", "/models")
+        if reply.status >= 400:
+            raise BenchError(_http_error(reply))
+        return str(json.loads(reply.body)["data"][0]["id"])
+    except (BenchError, OSError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
         message = f"cannot pick a model from {base_url}/models ({exc}); pass --model"
         raise BenchError(message) from exc
 
@@ -608,7 +615,7 @@ async def calibrate_prompts(
 
     try:
         words, tokens, probes = await calibrate_words(target, measure)
-    except (BenchError, httpx.HTTPError, ValueError) as exc:
+    except (BenchError, OSError, TimeoutError, ValueError) as exc:
         prompts.words = max(1, target * 3 // 4)
         notes.append(f"prompt not calibrated ({exc}): sent {prompts.words} filler words")
         return None
@@ -631,15 +638,15 @@ async def bench_http(args: argparse.Namespace) -> BenchReport:
     """Run the whole HTTP benchmark described by parsed `args`."""
     base_url = args.base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    # One connection per client: the pool holds exactly C.
-    limits = httpx.Limits(
-        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
-    )
-    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=args.timeout) as client:
-        model = args.model or await fetch_model(client, base_url)
+    try:
+        client = StreamClient(base_url, headers)
+    except ValueError as exc:
+        raise BenchError(f"--base-url: {exc}") from exc
+    # Each of the C clients holds one keep-alive connection at a time.
+    async with client:
+        model = args.model or await fetch_model(client, base_url, args.timeout)
         session = HttpSession(
             client=client,
-            base_url=base_url,
             model=model,
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -866,10 +873,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--profile", default="cpu", help="llmd profile for --in-process (default: cpu)")
 
 
+def _run_async(main: Coroutine[Any, Any, BenchReport]) -> BenchReport:
+    """On the daemon's event loop (uvloop where installed): less client CPU per event,
+    which the server it measures would otherwise lose on a machine with few cores."""
+    from llmd.cli import event_loop_factory
+
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(main)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the bench; 0 when every measured request succeeded, 1 otherwise, 2 on bad usage."""
     try:
-        report = bench_in_process(args) if args.in_process else asyncio.run(bench_http(args))
+        report = bench_in_process(args) if args.in_process else _run_async(bench_http(args))
     except BenchError as exc:
         print(f"llmd bench: {exc}", file=sys.stderr)
         return 1

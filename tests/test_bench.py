@@ -524,7 +524,7 @@ def test_unreachable_server(capsys: Capture) -> None:
     code, report = _bench_json(capsys, "--base-url", base_url, "--model", "m", "-n", "2")
     assert code == 1
     (run,) = report["runs"]
-    assert run["errors"] == 2 and "ConnectError" in run["error_messages"][0]
+    assert run["errors"] == 2 and "ConnectionRefusedError" in run["error_messages"][0]
 
 
 def test_in_process_batch_on_the_tiny_model(tiny_model: Path, capsys: Capture) -> None:
