@@ -68,6 +68,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: Annotated[int, Meta(ge=0)] = 64
     prefill_chunk_tokens: Positive = 32
     max_step_tokens: Positive = 2048
+    burst_window_ms: Annotated[float, Meta(ge=0, le=50)] = 0.0
     prefix_cache_tokens: Annotated[int, Meta(ge=0)] = 16384
     prefix_min_match: Positive = 16
     memory_headroom: str = "0"

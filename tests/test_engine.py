@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -184,6 +185,54 @@ def test_requests_wait_beyond_max_running_and_overflow_is_refused(tiny_model: Pa
                 assert [e.completion_tokens async for e in stream] == [1, 2, 3]
 
     run_with_engine(tiny_model, body, max_running=1, max_queue=1)
+
+
+def test_requests_that_arrive_together_start_in_one_step(tiny_model: Path) -> None:
+    async def one(engine: EngineClient, k: int) -> list[int]:
+        prompt = await engine.encode_chat([{"role": "user", "content": f"question {k}: " + "why " * k}])
+        with engine.submit(prompt, greedy(3)) as stream:
+            return [event.completion_tokens async for event in stream]
+
+    async def body(engine: EngineClient) -> None:
+        assert engine._tokenizer is not None
+        render = engine._tokenizer.encode_chat
+
+        def slow_but_the_first(messages: list[dict[str, Any]]) -> list[int]:
+            if "question 0" not in messages[0]["content"]:
+                time.sleep(0.05)  # the first reaches the worker well before the rest
+            return render(messages)
+
+        engine._tokenizer.encode_chat = slow_but_the_first  # type: ignore[method-assign]
+        engine._worker.burst_wait_s = 30.0  # generous: a loaded CI machine must not flake
+        before = engine.stats().steps
+        counts = await asyncio.gather(*(one(engine, k) for k in range(6)))
+        assert counts == [[1, 2, 3]] * 6
+        # One step prefills all six (each gets its first token), two more decode them.
+        assert engine.stats().steps - before == 3
+
+        engine._worker.burst_wait_s = 0.2
+        engine._worker.arriving(+1)  # a straggler that never comes: the wait is bounded
+        started = time.monotonic()
+        assert await one(engine, 7) == [1, 2, 3]
+        assert time.monotonic() - started < 10
+        engine._worker.arriving(-1)
+
+    run_with_engine(tiny_model, body)
+
+
+def test_an_idle_engine_waits_out_its_burst_window(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        engine._worker.burst_wait_s = 30.0
+        prompt = await engine.encode_chat(PROMPT)
+        before = engine.stats().steps
+        with engine.submit(prompt, greedy(3)) as first:
+            await asyncio.sleep(0.01)  # well inside the 45 ms window
+            with engine.submit(prompt, greedy(3)) as second:
+                assert [e.completion_tokens async for e in first] == [1, 2, 3]
+                assert [e.completion_tokens async for e in second] == [1, 2, 3]
+        assert engine.stats().steps - before == 3  # both started in the first step
+
+    run_with_engine(tiny_model, body, burst_window_ms=45.0)
 
 
 def test_context_check(tiny_model: Path) -> None:

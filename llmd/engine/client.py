@@ -93,9 +93,19 @@ class EngineClient:
         return len(cut)
 
     async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for chat messages, rendered off the event loop."""
-        assert self._tokenizer is not None, "start() first"
-        return await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+        """Prompt ids for chat messages, rendered off the event loop.
+
+        Meanwhile the worker counts the request as arriving: an idle worker waits for a
+        burst's stragglers instead of starting on the first alone (`EngineWorker.arriving`).
+        """
+        assert self._tokenizer is not None and self._loop is not None, "start() first"
+        self._worker.arriving(+1)
+        try:
+            return await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+        finally:
+            # Uncounted only after the caller's synchronous `submit` (same task step, no
+            # await between) has posted the request, or after it has failed instead.
+            self._loop.call_soon(self._worker.arriving, -1)
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises when it cannot fit."""
