@@ -2,7 +2,7 @@
 
 On a machine with few cores the bench client shares the CPU with the server it measures,
 so every cycle it spends per streamed event is taken from the decode it is timing. httpx
-(h11, httpcore and anyio, all in Python) spent ~0.45 ms of CPU per SSE event on the 2-core
+(h11, httpcore and anyio, all in Python) spent ~0.48 ms of CPU per SSE event on the 2-core
 box llmd was tuned on. Here an `asyncio.Protocol` feeds bytes to httptools' C parser and
 hands the body to the caller's sink inside `data_received`: no task wakes per event, and
 each event is stamped the moment its bytes arrive.
