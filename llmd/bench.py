@@ -658,10 +658,20 @@ async def bench_http(args: argparse.Namespace) -> BenchReport:
         prompt_tokens = await calibrate_prompts(session, prompts, args.prompt_tokens, notes)
         await warm_up(session, prompts, args.warmup, notes)
         runs = []
+        started = time.process_time()
         for repeat in range(1, args.repeats + 1):
             results = await measure_once(session, prompts, args.concurrency, args.requests)
             runs.append(summarize("http", repeat, results))
+        notes.append(client_cpu_note(time.process_time() - started, runs))
     return _report(args, base_url, model, prompt_tokens, prompts.words, notes, runs)
+
+
+def client_cpu_note(cpu_seconds: float, runs: Sequence[RunReport]) -> str:
+    """The bench's own CPU per completion token: on a machine with few cores it is taken
+    from the server being measured, so it says how much the measurement perturbs."""
+    tokens = sum(run.completion_tokens for run in runs)
+    per_token = f"{cpu_seconds * 1000 / tokens:.3f} ms" if tokens else "-"
+    return f"client CPU while measuring: {cpu_seconds:.2f} s, {per_token} per completion token"
 
 
 def _report(

@@ -426,6 +426,15 @@ def test_bench_measures_what_the_server_did(fake: Served, capsys: Capture) -> No
     assert run["output_tokens_per_s"] > 0 and run["wall_s"] > 0
     assert report["median_output_tokens_per_s"] == {"http": run["output_tokens_per_s"]}
     assert report["notes"] and "calibrated" in report["notes"][0]
+    (cpu,) = [note for note in report["notes"] if note.startswith("client CPU")]
+    assert float(cpu.split(", ")[1].split()[0]) > 0  # ms per completion token
+
+
+def test_client_cpu_note() -> None:
+    runs = [bench.summarize("http", k, [_stream(0.0, [0.1, 0.2], n)]) for k, n in ((1, 40), (2, 60))]
+    assert bench.client_cpu_note(0.05, runs) == (
+        "client CPU while measuring: 0.05 s, 0.500 ms per completion token")
+    assert bench.client_cpu_note(0.0, []).endswith("- per completion token")
 
 
 def test_bench_sends_the_requests_it_promises(fake: Served, capsys: Capture) -> None:
