@@ -26,6 +26,8 @@ import httptools
 # ends the exchange there (the connection is closed, as its rest is left unread).
 BodySink = Callable[[bytes], bool]
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
 
 class TransportError(OSError):
     """The connection failed, or the server's reply was not valid HTTP/1.1."""
@@ -57,17 +59,16 @@ class Origin:
     def parse(cls, base_url: str) -> Origin:
         """The origin of an `http://` or `https://` base URL; anything else is refused."""
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or DEFAULT_PORTS[parts.scheme]
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
 
     @property
     def host_header(self) -> str:
         """The Host header: the port only where it is not the scheme's default."""
-        default = 443 if self.scheme == "https" else 80
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return host if self.port == default else f"{host}:{self.port}"
+        return host if self.port == DEFAULT_PORTS[self.scheme] else f"{host}:{self.port}"
 
 
 @dataclass(slots=True)
@@ -76,8 +77,7 @@ class _Exchange:
 
     done: asyncio.Future[Reply]
     sink: BodySink | None
-    status: int = 0
-    headers_done: bool = False
+    status: int = 0  # set once the headers are in
     framed: bool = False  # Content-Length or chunked; otherwise the close ends the body
     body: bytearray = field(default_factory=bytearray)
 
@@ -153,7 +153,7 @@ class _Connection(asyncio.Protocol):
         exchange = self._exchange
         if exchange is None:
             return
-        if exchange.headers_done and not exchange.framed:
+        if exchange.status and not exchange.framed:
             exchange.finish()  # a body without a length ends where the connection does
         else:
             exchange.fail(TransportError(f"connection closed mid-response ({exc or 'by peer'})"))
@@ -167,7 +167,6 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self._exchange is not None:
             self._exchange.status = self._parser.get_status_code()
-            self._exchange.headers_done = True
 
     def on_body(self, body: bytes) -> None:
         exchange = self._exchange

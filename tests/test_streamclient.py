@@ -68,6 +68,20 @@ async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
         yield state
 
 
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def routed(answers: dict[bytes, bytes], otherwise: bytes) -> Handler:
+    """A keep-alive handler answering each request by the first path fragment it contains."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
+        while True:
+            request = await read_request(reader, [])
+            writer.write(next((a for path, a in answers.items() if path in request), otherwise))
+
+    return handler
+
+
 def sized(body: bytes, status: str = "200 OK") -> bytes:
     return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
@@ -112,7 +126,7 @@ async def test_sink_gets_each_piece_as_it_arrives() -> None:
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _: int) -> None:
         await read_request(reader, state.requests)
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"data: 1\n\n"))
+        writer.write(CHUNKED + chunk(b"data: 1\n\n"))
         await release.wait()  # the rest waits until the client has seen the first event
         writer.write(chunk(b"data: 2\n\n") + b"0\r\n\r\n")
 
@@ -131,13 +145,8 @@ async def test_sink_gets_each_piece_as_it_arrives() -> None:
 
 @run_async
 async def test_sink_can_stop_early_and_errors_are_buffered() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        while True:
-            request = await read_request(reader, state.requests)
-            if b"/busy" in request:
-                writer.write(sized(b'{"error": "overloaded"}', "503 Service Unavailable"))
-            else:
-                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"stop"))
+    handler = routed({b"/busy": sized(b'{"error": "overloaded"}', "503 Service Unavailable")},
+                     CHUNKED + chunk(b"stop"))
 
     calls: list[bytes] = []
 
@@ -193,7 +202,7 @@ async def test_failures_raise_transport_errors() -> None:
         if b"/garbage" in request:
             writer.write(b"SPDY/9 banana\r\n\r\n")
         else:  # a chunked body cut off before its last chunk
-            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(b"half"))
+            writer.write(CHUNKED + chunk(b"half"))
         await writer.drain()
 
     async with scripted(handler) as state, StreamClient(state.base_url) as client:
@@ -214,13 +223,8 @@ async def test_refused_connection_is_an_os_error() -> None:
 
 @run_async
 async def test_cancelled_exchange_closes_its_connection() -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
-        while True:
-            request = await read_request(reader, state.requests)
-            if b"/slow" in request:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a little")
-            else:
-                writer.write(sized(b"fine"))
+    handler = routed({b"/slow": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a little"},
+                     sized(b"fine"))
 
     async with scripted(handler) as state, StreamClient(state.base_url) as client:
         with pytest.raises(TimeoutError):
