@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from llmd.config import Profile
+from llmd.engine import direct
 from llmd.engine.loader import DTYPES, load_model, logits_differ
 from llmd.engine.static import PrefillInput, StaticDecodeBatch, UnsupportedCache
 from llmd.engine.types import Request, SamplingParams
@@ -237,6 +238,13 @@ class ModelRunner:
             if problem is not None:
                 log.warning("decode and prefill run as separate passes: the fused step failed its "
                             "probe (%s)", problem)
+        # Why decode steps run through transformers' forward; None: through DirectDecoder.
+        self.direct_problem: str | None = "kv_cache is not static, or the step is compiled"
+        if self._fusable():
+            self.direct_problem = self._probe_direct()
+            if self.direct_problem is not None and direct.unsupported_reason(self.model) is None:
+                log.warning("decode steps run through transformers' forward: the direct step "
+                            "failed its probe (%s)", self.direct_problem)
             self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
 
     def _decode_batch(self, profile: Profile) -> DecodeBatch | StaticDecodeBatch:
@@ -428,6 +436,41 @@ class ModelRunner:
             return f"{type(exc).__name__}: {exc}"
         finally:
             self.release(first.request_id)
+
+    def _probe_direct(self) -> str | None:
+        """Switch the static batch's decode steps to `DirectDecoder` if it gives the logits
+        transformers' forward gives, alone and beside a shorter request; else why not."""
+        try:
+            decoder = direct.DirectDecoder(self.model)
+        except ValueError as exc:
+            return str(exc)
+        batch = self._batch
+        assert isinstance(batch, StaticDecodeBatch)
+        vocab = self.vocab_size
+        probes = [Request(f"probe-direct-{n}", [(5 + 3 * i + n) % vocab for i in range(9 - 4 * n)],
+                          SamplingParams(max_tokens=4)) for n in range(2)]
+        try:
+            problem = None
+            for probe in probes:  # the first alone, then beside the second, shorter one: a padded row
+                self.first_token(probe)
+                problem = problem or self._compare_direct(batch, decoder)
+        except Exception as exc:  # a model whose layers need more than the direct step does
+            problem = f"{type(exc).__name__}: {exc}"
+        finally:
+            for probe in probes:
+                self.release(probe.request_id)
+        if problem is None:
+            batch.direct = decoder
+        return problem
+
+    def _compare_direct(self, batch: StaticDecodeBatch, decoder: direct.DirectDecoder) -> str | None:
+        """One step of the running requests both ways; None when the logits agree."""
+        states = [self._sequences[request_id] for request_id in batch.request_ids]
+        expected, got = batch.compare_direct(decoder, [s.last_token for s in states],
+                                             [s.position for s in states])
+        for state in states:
+            state.position += 1
+        return logits_differ(expected.float(), got.float())
 
     @torch.inference_mode()
     def decode(self, requests: list[Request]) -> list[int]:

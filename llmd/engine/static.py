@@ -38,6 +38,8 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from llmd.engine.direct import DecodeWindow, DirectDecoder
+
 
 class UnsupportedCache(ValueError):
     """The model has cache layers (sliding window, ...) that the static batch cannot hold."""
@@ -75,6 +77,9 @@ class StaticDecodeBatch:
         # transformers' sdpa, with grouped-query heads packed even when compiled (`decode_attention`)
         self._attention = DECODE_ATTENTION if model.config._attn_implementation == "sdpa" else None
         self._step: Step = self._forward
+        # Eager decode steps without transformers' module machinery, once the runner has
+        # checked that it agrees with transformers' forward on this model (`compare_direct`).
+        self.direct: DirectDecoder | None = None
         if compile_mode != "none":
             _import_inductor()
             self._step = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
@@ -226,6 +231,8 @@ class StaticDecodeBatch:
         windowed = self.compile_mode == "none"
         if windowed:
             rows, start = self.rows, self.column - max(self.lengths)
+            if self.direct is not None:
+                return self._run_direct(self.direct, rows, start)
             ids, positions, mask = ids[:rows], positions[:rows], mask[:rows, start : self.column + 1]
             self._open_window(rows, start)
         try:
@@ -242,6 +249,37 @@ class StaticDecodeBatch:
         else:
             self.column += 1  # the compiled step moved the layers' own column
         return logits
+
+    def _run_direct(self, direct: DirectDecoder, rows: int, start: int) -> torch.Tensor:
+        """The eager step through `DirectDecoder`: the same window, no transformers forward.
+
+        The mask is left out when every row attends to the whole window, as transformers does
+        (decided from the lengths, on the host). The layers' own column is not kept up to date
+        here: `_open_window` sets it whenever transformers' forward runs on the batch.
+        """
+        padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
+        mask = self.mask[:rows, start : self.column + 1] if padded else None
+        window = DecodeWindow(rows, start, self.column, mask)
+        logits = direct.step(self.input_ids[:rows], self.position_ids[:rows], self.layers, window)
+        self.column += 1
+        return logits
+
+    @torch.inference_mode()
+    def compare_direct(
+        self, direct: DirectDecoder, tokens: list[int], positions: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step at the same column through transformers' forward, then through `direct`:
+        both sets of logits. Both write the same keys and values; the batch ends one step on."""
+        column, lengths, saved = self.column, list(self.lengths), self.direct
+        try:
+            self.direct = None
+            expected = self.step(tokens, positions)
+            self._set_column(column)
+            self.lengths = lengths
+            self.direct = direct
+            return expected, self.step(tokens, positions)
+        finally:
+            self.direct = saved
 
     def _open_window(self, rows: int, start: int) -> None:
         """Point transformers' cache layers at views of rows [0, rows), columns [start, column]."""

@@ -158,6 +158,10 @@ class EngineWorker:
             log.info("linear layers: %s", report.prepack.summary())
         if self.runner.fused:
             log.info("steps: a newcomer's prompt chunk shares the forward pass of the decoding streams")
+        if self.runner.direct_problem is None:
+            log.info("decode steps: the model's layers called directly, not through transformers' forward")
+        else:
+            log.info("decode steps: transformers' forward (%s)", self.runner.direct_problem)
         log.info("attention: %s", attention_summary(self.runner.model, self.profile))
         if self.profile.warmup:
             compiling = self.profile.compile != "none" and self.profile.kv_cache == "static"
