@@ -19,7 +19,8 @@ requests' logits leave `step`, so nothing is sampled for a free slot.
 
 Eager, `step_with_prefill` also takes newcomers' prompt chunks into the same forward pass (the
 fused step): all tokens go through the model as one packed sequence and `fused_attention` keeps
-attention per request.
+attention per request. An eager decode-only step of a model `DirectDecoder` can run (Llama-family
+layers, checked by the runner at load) goes through it instead of transformers' forward.
 """
 
 from __future__ import annotations
