@@ -99,14 +99,14 @@ def test_a_lone_request_runs_without_a_mask_and_a_padded_batch_with_one(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     masks: list[bool] = []
-    real_step = direct.DirectDecoder.step
+    real_forward = direct.DirectDecoder.forward
 
-    def recording_step(self: direct.DirectDecoder, *args: Any) -> torch.Tensor:
-        masks.append(args[-1].mask is not None)
-        return real_step(self, *args)
+    def recording_forward(self: direct.DirectDecoder, *args: Any) -> torch.Tensor:
+        masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound _Window.attend
+        return real_forward(self, *args)
 
     runner = ModelRunner(tiny_model, load_profile("cpu"))
-    monkeypatch.setattr(direct.DirectDecoder, "step", recording_step)
+    monkeypatch.setattr(direct.DirectDecoder, "forward", recording_forward)
     first, second = (Request(f"r{k}", PROMPTS[3 - 2 * k], greedy(10)) for k in range(2))
     runner.first_token(first)
     runner.decode([first])

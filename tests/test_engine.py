@@ -384,11 +384,16 @@ def test_chunked_prefill_equals_whole_prefill(tiny_model: Path, monkeypatch: pyt
     torch.testing.assert_close(torch.stack(seen[102]), torch.stack(seen[101]), rtol=1e-4, atol=1e-4)
 
 
-def test_fused_steps_equal_each_request_alone(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "transformers"])
+def test_fused_steps_equal_each_request_alone(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
     """Decode rows and prompt chunks in one pass: joins, split prompts, a reused prefix, a leave."""
     seen = record_logits(monkeypatch)
     runner = ModelRunner(tiny_model, load_profile("cpu"))
-    assert runner.fused
+    assert runner.fused and (runner.direct_problem is None)
+    if not direct:  # what a model the direct step does not take runs
+        monkeypatch.setattr(runner._batch, "direct", None)
     passes = count_forward_passes(runner, monkeypatch)
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "word " * (4 * k + 1)}])
@@ -426,15 +431,18 @@ def test_fused_steps_equal_each_request_alone(tiny_model: Path, monkeypatch: pyt
 
 
 def count_forward_passes(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that gets one entry per forward pass of the runner's model."""
+    """A list that gets one entry per forward pass of the runner's model, through transformers'
+    forward or through the direct decode step."""
     passes: list[int] = []
-    real_forward = runner.model.forward
+    decoder = getattr(runner._batch, "direct", None)
+    for owner in (runner.model, decoder) if decoder is not None else (runner.model,):
+        real_forward = owner.forward
 
-    def counting_forward(*args: object, **kwargs: object) -> object:
-        passes.append(1)
-        return real_forward(*args, **kwargs)
+        def counting_forward(*args: object, real: Any = real_forward, **kwargs: object) -> object:
+            passes.append(1)
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner.model, "forward", counting_forward)
+        monkeypatch.setattr(owner, "forward", counting_forward)
     return passes
 
 

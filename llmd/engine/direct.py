@@ -1,24 +1,24 @@
-"""The decode step of Llama-family models, run without transformers' module machinery.
+"""The steps of Llama-family models, run without transformers' module machinery.
 
 At one new token per row, transformers' forward spends about as long in Python as the
 CPU spends multiplying: module calls, keyword plumbing, the mask built anew each step,
 the cache's bookkeeping. On the small demo model (bfloat16, 2 cores) a one-row step took
 6.5 ms, of which the Linear layers were 3.1 ms. `DirectDecoder` walks the same layers
 doing the same tensor operations in the same order, with the model's own weights, norms,
-rotary embedding and activation, and reads and writes keys and values straight in the
-static batch's tensors: 4.9 ms for that step, with logits equal to the bit.
+rotary embedding and activation: 4.9 ms for that step, with logits equal to the bit.
+Attention is the caller's (`Attend`): the static batch's decode window, or the fused
+step's per-request layout (7 decoding rows beside a 32-token chunk: 12.4 vs 14.0 ms).
 
 Only the decoder layers this file is written for are taken (`unsupported_reason`), and
 the runner checks the step against transformers' forward when the model loads; anything
-else keeps transformers' forward. Prefill and the fused step stay with transformers.
-"""
+else keeps transformers' forward. A prefill on its own stays with transformers."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,24 +32,10 @@ Op = Callable[[torch.Tensor], torch.Tensor]
 LAYOUTS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
-class KeyValues(Protocol):
-    """One layer's cache in the static batch: [slots, kv_heads, capacity, head_dim] each."""
-
-    @property
-    def keys(self) -> torch.Tensor: ...
-
-    @property
-    def values(self) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeWindow:
-    """Where a step reads and writes: rows [0, rows), columns [start, column], written at column."""
-
-    rows: int
-    start: int
-    column: int
-    mask: torch.Tensor | None  # [rows, window] columns each row attends to; None: all of them
+# One layer's attention, done by whoever owns the cache: (layer index, queries [rows, heads,
+# tokens, dim] and keys, values [rows, kv_heads, tokens, dim], rotary applied, and the scaling)
+# → [rows, tokens, heads * dim]. It stores the keys and values where they belong.
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +56,7 @@ class _Layer:
 
 
 class DirectDecoder:
-    """One token per row through a supported model, over a window of the static batch."""
+    """A supported model's layers, called directly; attention comes from the caller."""
 
     def __init__(self, model: Any) -> None:
         reason = unsupported_reason(model)
@@ -89,38 +75,28 @@ class DirectDecoder:
         self._norm: Op = inner.norm.forward
         self._head = linear_op(model.lm_head)
 
-    def step(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: Sequence[KeyValues],
-        window: DecodeWindow,
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Attend,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits [rows, 1, vocab] for input_ids [rows, 1]; writes each layer's key and value."""
-        rows, column = window.rows, window.column
-        mask = None if window.mask is None else window.mask[:, None, None, :]
+        """Logits [rows, kept tokens, vocab] for input_ids [rows, tokens] (`keep`: token indices)."""
         hidden = self._embed(input_ids)
         cos, sin = self._rotary(hidden, position_ids)
-        groups = self.heads // self.kv_heads
-        for layer, kv in zip(self._layers, cache, strict=True):
+        for index, layer in enumerate(self._layers):
             x = layer.attention_norm(hidden)
-            q = self._heads(layer.q(x), self.heads, layer.q_norm)
-            k = self._heads(layer.k(x), self.kv_heads, layer.k_norm)
-            v = layer.v(x).view(rows, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = self._split(layer.q(x), self.heads, layer.q_norm)
+            k = self._split(layer.k(x), self.kv_heads, layer.k_norm)
+            v = self._split(layer.v(x), self.kv_heads, None)
             q, k = self._rope(q, k, cos, sin)
-            kv.keys[:rows, :, column] = k[:, :, 0]
-            kv.values[:rows, :, column] = v[:, :, 0]
-            keys = kv.keys[:rows, :, window.start : column + 1]
-            values = kv.values[:rows, :, window.start : column + 1]
-            # each key/value head's query heads as its queries, as `decode_attention` does
-            packed = q.reshape(rows, self.kv_heads, groups, self.head_dim)
-            out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=layer.scaling)
-            out = out.reshape(rows, self.heads, 1, self.head_dim).transpose(1, 2).reshape(rows, 1, -1)
-            hidden = hidden + layer.o(out)
+            hidden = hidden + layer.o(attend(index, q, k, v, layer.scaling))
             x = layer.mlp_norm(hidden)
             hidden = hidden + layer.down(layer.act(layer.gate(x)) * layer.up(x))
-        return self._head(self._norm(hidden))
+        hidden = self._norm(hidden)
+        return self._head(hidden if keep is None else hidden[:, keep])
 
-    def _heads(self, projected: torch.Tensor, heads: int, norm: Op | None) -> torch.Tensor:
-        """[rows, 1, heads * dim] → [rows, heads, 1, dim], through the per-head norm if any."""
-        split = projected.view(projected.shape[0], 1, heads, self.head_dim)
+    def _split(self, projected: torch.Tensor, heads: int, norm: Op | None) -> torch.Tensor:
+        """[rows, tokens, heads * dim] → [rows, heads, tokens, dim], through the per-head norm if any."""
+        split = projected.view(*projected.shape[:2], heads, self.head_dim)
         return (split if norm is None else norm(split)).transpose(1, 2)
 
 

@@ -231,20 +231,19 @@ class ModelRunner:
         self._batch = self._decode_batch(profile)
         self._prefilling: dict[str, DynamicCache] = {}
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
-        self.fused = False  # decode and prefill in one forward pass (`step`)
-        if self._fusable():
-            problem = self._probe_fused()
-            self.fused = problem is None
-            if problem is not None:
-                log.warning("decode and prefill run as separate passes: the fused step failed its "
-                            "probe (%s)", problem)
         # Why decode steps run through transformers' forward; None: through DirectDecoder.
         self.direct_problem: str | None = "kv_cache is not static, or the step is compiled"
+        self.fused = False  # decode and prefill in one forward pass (`step`)
         if self._fusable():
             self.direct_problem = self._probe_direct()
             if self.direct_problem is not None and direct.unsupported_reason(self.model) is None:
                 log.warning("decode steps run through transformers' forward: the direct step "
                             "failed its probe (%s)", self.direct_problem)
+            problem = self._probe_fused()  # through DirectDecoder when that passed
+            self.fused = problem is None
+            if problem is not None:
+                log.warning("decode and prefill run as separate passes: the fused step failed its "
+                            "probe (%s)", problem)
             self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
 
     def _decode_batch(self, profile: Profile) -> DecodeBatch | StaticDecodeBatch:

@@ -39,7 +39,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from llmd.engine.direct import DecodeWindow, DirectDecoder
+from llmd.engine.direct import DirectDecoder
 
 
 class UnsupportedCache(ValueError):
@@ -166,16 +166,16 @@ class StaticDecodeBatch:
         window = self.mask[:rows, start : self.column + 1]
         layout = FusedLayout(self, rows, start, window[:, None, None, :], segments)
         keep = torch.tensor(slots + [s.offset + s.length - 1 for s in segments], device=device)
-        with attention_implementation(self.model.config, FUSED_ATTENTION):
-            out = self.model(
-                input_ids=torch.tensor([ids], device=device),
-                position_ids=torch.tensor([where], device=device),
-                use_cache=False, logits_to_keep=keep, llmd_fused=layout,
-            )
+        input_ids, position_ids = torch.tensor([ids], device=device), torch.tensor([where], device=device)
+        if self.direct is not None:
+            logits = self.direct.forward(input_ids, position_ids, layout.attend, keep)[0]
+        else:
+            with attention_implementation(self.model.config, FUSED_ATTENTION):
+                logits = self.model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                                    logits_to_keep=keep, llmd_fused=layout).logits[0]
         self._set_column(self.column + 1)
         for slot in slots:
             self.lengths[slot] += 1
-        logits = out.logits[0]
         return logits[: len(slots)], list(logits[len(slots) :])
 
     def _slot_inputs(
@@ -259,9 +259,9 @@ class StaticDecodeBatch:
         here: `_open_window` sets it whenever transformers' forward runs on the batch.
         """
         padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
-        mask = self.mask[:rows, start : self.column + 1] if padded else None
-        window = DecodeWindow(rows, start, self.column, mask)
-        logits = direct.step(self.input_ids[:rows], self.position_ids[:rows], self.layers, window)
+        mask = self.mask[:rows, None, None, start : self.column + 1] if padded else None
+        window = _Window(self, rows, start, mask)
+        logits = direct.forward(self.input_ids[:rows], self.position_ids[:rows], window.attend)
         self.column += 1
         return logits
 
@@ -376,6 +376,39 @@ class _Segment:
 
 
 @dataclass(frozen=True, slots=True)
+class _Window:
+    """Attention of a decode step: one new token per row, over columns [start, column]."""
+
+    batch: StaticDecodeBatch
+    rows: int
+    start: int
+    mask: torch.Tensor | None  # [rows, 1, 1, window] columns each row attends to; None: all
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor:
+        """Write each row's key and value at the column; each row attends over the window.
+        query is [rows, heads, 1, dim], key and value [rows, kv_heads, 1, dim]; the result is
+        [rows, 1, heads * dim]."""
+        rows, column, tensors = self.rows, self.batch.column, self.batch.layers[layer]
+        tensors.keys[:rows, :, column] = key[:, :, 0]
+        tensors.values[:rows, :, column] = value[:, :, 0]
+        keys = tensors.keys[:rows, :, self.start : column + 1]
+        values = tensors.values[:rows, :, self.start : column + 1]
+        return _decode_rows(query, keys, values, self.mask, scaling).reshape(rows, 1, -1)
+
+
+def _decode_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                 mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
+    """One query token per row ([rows, heads, 1, dim]) over each row's keys, grouped-query heads
+    packed as their key/value head's queries: [rows, heads, dim]."""
+    rows, heads, _, dim = query.shape
+    kv_heads = keys.shape[1]
+    packed = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scaling)
+    return out.reshape(rows, heads, values.shape[-1])
+
+
+@dataclass(frozen=True, slots=True)
 class FusedLayout:
     """Which packed tokens are whose in a fused step: decode rows first, then prompt chunks."""
 
@@ -384,6 +417,33 @@ class FusedLayout:
     start: int  # the window's first column
     mask: torch.Tensor  # [rows, 1, 1, window] columns each decode row attends to
     segments: list[_Segment]
+
+    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor:
+        """Attention for one packed sequence of decode tokens and prompt chunks, per request.
+
+        Decode row r writes its key and value into slot r of the static batch at the column
+        and attends over the window; a chunk appends to its own cache and attends causally
+        over it. query/key/value are [1, heads, tokens, dim]; the result is [1, tokens,
+        heads * dim].
+        """
+        heads, kv_heads = query.shape[1], key.shape[1]
+        rows, column, tensors = self.rows, self.batch.column, self.batch.layers[layer]
+        tensors.keys[:rows, :, column] = key[0, :, :rows].transpose(0, 1)
+        tensors.values[:rows, :, column] = value[0, :, :rows].transpose(0, 1)
+        keys = tensors.keys[:rows, :, self.start : column + 1]
+        values = tensors.values[:rows, :, self.start : column + 1]
+        rows_query = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, dim]
+        outputs = [_decode_rows(rows_query, keys, values, self.mask, scaling)]
+        for segment in self.segments:
+            span = slice(segment.offset, segment.offset + segment.length)
+            cached: Any = segment.cache.layers[layer]
+            all_keys, all_values = cached.update(key[:, :, span], value[:, :, span])
+            out = F.scaled_dot_product_attention(
+                query[:, :, span], all_keys, all_values, attn_mask=segment.mask,
+                is_causal=segment.mask is None, scale=scaling, enable_gqa=heads > kv_heads)
+            outputs.append(out[0].transpose(0, 1))
+        return torch.cat(outputs).flatten(1).unsqueeze(0)
 
 
 FUSED_ATTENTION = "llmd_fused"
@@ -394,36 +454,13 @@ def fused_attention(
     module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention for one packed sequence of decode tokens and prompt chunks, per request.
-
-    Decode row r writes its key and value into slot r of the static batch at the column and
-    attends over the window; a chunk appends to its own cache and attends causally over it.
-    query/key/value are [1, heads, tokens, dim]; the result is [1, tokens, heads, dim].
-    """
+    """transformers' attention interface onto `FusedLayout.attend`: [1, tokens, heads, dim]."""
     layout: FusedLayout = kwargs["llmd_fused"]
     odd = [name for name in UNSUPPORTED_ATTENTION_KWARGS if kwargs.get(name) is not None]
     if odd:
         raise NotImplementedError(f"the fused step does not do {', '.join(odd)}")
-    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[-1]
-    groups = heads // kv_heads
-    column, rows, layer = layout.batch.column, layout.rows, int(module.layer_idx)  # type: ignore[arg-type]
-    tensors = layout.batch.layers[layer]
-    tensors.keys[:rows, :, column] = key[0, :, :rows].transpose(0, 1)
-    tensors.values[:rows, :, column] = value[0, :, :rows].transpose(0, 1)
-    keys = tensors.keys[:rows, :, layout.start : column + 1]
-    values = tensors.values[:rows, :, layout.start : column + 1]
-    packed = query[0, :, :rows].transpose(0, 1).reshape(rows, kv_heads, groups, dim)
-    decoded = F.scaled_dot_product_attention(packed, keys, values, attn_mask=layout.mask, scale=scaling)
-    outputs = [decoded.reshape(rows, heads, dim)]
-    for segment in layout.segments:
-        span = slice(segment.offset, segment.offset + segment.length)
-        cached: Any = segment.cache.layers[layer]
-        all_keys, all_values = cached.update(key[:, :, span], value[:, :, span])
-        out = F.scaled_dot_product_attention(query[:, :, span], all_keys, all_values, attn_mask=segment.mask,
-                                             is_causal=segment.mask is None, scale=scaling,
-                                             enable_gqa=groups > 1)
-        outputs.append(out[0].transpose(0, 1))
-    return torch.cat(outputs).unsqueeze(0), None
+    out = layout.attend(int(module.layer_idx), query, key, value, scaling)  # type: ignore[arg-type]
+    return out.view(*out.shape[:2], query.shape[1], -1), None
 
 
 AttentionInterface.register(FUSED_ATTENTION, fused_attention)
