@@ -232,7 +232,7 @@ class ModelRunner:
         self._prefilling: dict[str, DynamicCache] = {}
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
         # Why decode steps run through transformers' forward; None: through DirectDecoder.
-        self.direct_problem: str | None = "kv_cache is not static, or the step is compiled"
+        self.direct_problem: str | None = "it needs kv_cache: static, compile: none and SDPA attention"
         self.fused = False  # decode and prefill in one forward pass (`step`)
         if self._fusable():
             self.direct_problem = self._probe_direct()

@@ -19,8 +19,9 @@ requests' logits leave `step`, so nothing is sampled for a free slot.
 
 Eager, `step_with_prefill` also takes newcomers' prompt chunks into the same forward pass (the
 fused step): all tokens go through the model as one packed sequence and `fused_attention` keeps
-attention per request. An eager decode-only step of a model `DirectDecoder` can run (Llama-family
-layers, checked by the runner at load) goes through it instead of transformers' forward.
+attention per request. An eager step, decode-only or fused, of a model that `DirectDecoder` can
+run (Llama-family layers, checked by the runner at load) goes through it instead of transformers'
+forward, with its attention from `_Window.attend` or `FusedLayout.attend`.
 """
 
 from __future__ import annotations
@@ -342,11 +343,7 @@ def decode_attention(
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
     if query.shape[2] != 1 or groups == 1 or not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    batch, heads, _, dim = query.shape
-    packed = query.reshape(batch, heads // groups, groups, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                                           scale=scaling)
-    return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+    return _decode_rows(query, key, value, attention_mask, scaling).unsqueeze(1), None
 
 
 @dataclass(frozen=True, slots=True)
