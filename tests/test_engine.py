@@ -235,6 +235,36 @@ def test_an_idle_engine_waits_out_its_burst_window(tiny_model: Path) -> None:
     run_with_engine(tiny_model, body, burst_window_ms=45.0)
 
 
+def test_the_burst_window_is_waited_out_only_after_bursty_traffic(tiny_model: Path) -> None:
+    async def body(engine: EngineClient) -> None:
+        worker = engine._worker
+        worker.burst_wait_s = 30.0  # the bound on the wait, and how soon "came together" is
+        prompt = await engine.encode_chat(PROMPT)
+
+        async def steps_for(tokens: int, *delays: float) -> int:
+            """Submit a request after each delay; the engine's steps until all have finished."""
+            before, streams = engine.stats().steps, []
+            for delay in delays:
+                await asyncio.sleep(delay)
+                streams.append(engine.submit(prompt, greedy(tokens)))
+            for stream in streams:
+                with stream:
+                    assert [e.completion_tokens async for e in stream][-1] == tokens
+            return engine.stats().steps - before
+
+        assert worker._bursty  # nothing seen yet: the first wake waits the window out
+        await steps_for(3, 0.0)
+        await steps_for(3, 0.0)  # one request per wake
+        assert not worker._bursty
+        # The first starts at once; the second, 20 ms later, joins it a step or more after.
+        assert await steps_for(200, 0.0, 0.02) > 200
+        # That pair came together, so this one is gathered by the 45 ms window into one step.
+        assert await steps_for(200, 0.0, 0.02) == 200
+        assert worker._bursty
+
+    run_with_engine(tiny_model, body, burst_window_ms=45.0)
+
+
 def test_context_check(tiny_model: Path) -> None:
     async def body(engine: EngineClient) -> None:
         assert engine.check_context(500, None) == 12

@@ -59,6 +59,12 @@ class EngineWorker:
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._arriving = 0  # requests being tokenized that will be submitted next
+        # Whether requests came in a burst the last time the engine woke from idle (more than
+        # one admitted within `burst_wait_s` of the wake): only then is `burst_window_ms` waited
+        # out, so lone requests (an editor's completions, a script's calls) do not pay it.
+        self._bursty = True  # until traffic says otherwise
+        self._woke_at: float | None = None
+        self._woke_with = 0  # requests admitted within `burst_wait_s` of the last wake from idle
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
         self._outputs: dict[str, OutputText] = {}
@@ -195,21 +201,27 @@ class EngineWorker:
             while not self._inbox and not self.scheduler.has_work and not self._stopping:
                 self._wakeup.wait()
             if idle:
+                if self._woke_at is not None:
+                    self._bursty = self._woke_with > 1
                 self._gather_burst()
+                self._woke_at, self._woke_with = time.monotonic(), 0
             if self._stopping:
                 return False
             items = list(self._inbox)
             self._inbox.clear()
+        if self._woke_at is not None and time.monotonic() - self._woke_at <= self.burst_wait_s:
+            self._woke_with += sum(isinstance(item, Request) for item in items)
         for item in items:
             self._admit_or_abort(item)
         return True
 
     def _gather_burst(self) -> None:
         """Idle until now: before the first step, wait (bounded) for requests still being
-        tokenized and, with `burst_window_ms`, until none has arrived for that long, so that
-        a burst is prefilled in one pass. Nobody is decoding yet, so no stream stalls."""
+        tokenized and, with `burst_window_ms` after bursty traffic, until none has arrived for
+        that long, so that a burst is prefilled in one pass. Nobody is decoding yet, so no
+        stream stalls."""
         deadline = time.monotonic() + self.burst_wait_s
-        quiet = self.profile.burst_window_ms / 1000
+        quiet = self.profile.burst_window_ms / 1000 if self._bursty else 0.0
         seen = -1
         while not self._stopping and (left := deadline - time.monotonic()) > 0:
             if self._arriving > 0:
