@@ -30,6 +30,12 @@ Op = Callable[[torch.Tensor], torch.Tensor]
 # attention → o, residual, norm → down(act(gate) * up), residual; embeddings unscaled,
 # logits straight from lm_head.
 LAYOUTS = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# What each decoder layer must have (dotted attribute paths).
+LAYER_PARTS = (
+    "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+    "self_attn.v_proj", "self_attn.o_proj", "self_attn.head_dim", "self_attn.scaling",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn",
+)
 
 
 # One layer's attention, done by whoever owns the cache: (layer index, queries [rows, heads,
@@ -120,13 +126,6 @@ def unsupported_reason(model: Any) -> str | None:
         if missing:
             return f"layer {index} has no {', '.join(missing)}"
     return None
-
-
-LAYER_PARTS = (
-    "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-    "self_attn.v_proj", "self_attn.o_proj", "self_attn.head_dim", "self_attn.scaling",
-    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn",
-)
 
 
 def linear_op(module: torch.nn.Module) -> Op:
