@@ -5,7 +5,8 @@ as safetensors, then for `24gb-bf16-compile` and `12gb-4bit`: the memory plan fo
 and a 12 GiB card and against the free memory measured now, the refusal for a card too
 small, the memory measured after loading (weights, then the peak after serving a stream),
 the warm-up (compile) time, and single-stream decode tokens/s eager vs compiled. Prints one
-table. Meant to run in under 8 minutes on one H200:
+table. An eager static cache decodes through the direct step (llmd/engine/direct.py) and is
+timed both ways on the same loaded model. Meant to run in under 8 minutes on one H200:
 
     .venv/bin/python scripts/gpu_check.py --out /tmp/gpu-check
 
@@ -28,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmd.config import Profile, load_profile
 from llmd.engine.runner import ModelRunner
+from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
 from llmd.preflight import plan_for_model
 
@@ -118,7 +120,12 @@ def measure(model_dir: Path, profile: Profile) -> dict[str, Any]:
     rate = decode_rate(runner)
     peak = (torch.cuda.max_memory_allocated() - before) if torch.cuda.is_available() else 0
     result = {"load_s": runner.load_report.seconds, "weights": weights, "after_setup": after_setup,
-              "peak": peak, "warmup_s": warmup, "tok_s": rate}
+              "peak": peak, "warmup_s": warmup, "tok_s": rate, "direct": runner.direct_problem or "used"}
+    batch = runner._batch
+    if isinstance(batch, StaticDecodeBatch) and batch.direct is not None:
+        decoder, batch.direct = batch.direct, None  # the same steps through transformers' forward
+        result["tok_s_transformers"] = decode_rate(runner)
+        batch.direct = decoder
     del runner
     free_memory()
     return result
@@ -148,13 +155,21 @@ def check_profile(model_dir: Path, name: str, device: str) -> dict[str, Any]:
     return row
 
 
+def eager_speed(eager: dict[str, Any]) -> str:
+    """Eager tok/s; with the direct step, both ways (`direct / transformers`), else why not."""
+    if "tok_s_transformers" in eager:
+        return f"{eager['tok_s']:.1f} / {eager['tok_s_transformers']:.1f}"
+    return f"{eager['tok_s']:.1f} (transformers: {eager['direct']})"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     def gib(value: float) -> str:
         return f"{value / GiB:.2f}" if value >= GiB / 10 else f"{value / 2**20:.1f} MiB"
 
     lines = ["| profile | card plan (needed GiB, fits, requests at full context) | refused at 8 GiB "
              "(suggested max_context) | planned weights GiB | measured weights GiB | after warm-up "
-             "GiB | peak GiB | warm-up s | eager tok/s | compiled tok/s |",
+             "GiB | peak GiB | warm-up s | eager tok/s (direct step / transformers forward) | "
+             "compiled tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         card = row.get("plan_card")
@@ -166,7 +181,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['profile']} | {card_text} | {refused} | {gib(row['plan_here'][2])} | "
             f"{gib(measured['weights'])} | {gib(measured['after_setup'])} | {gib(measured['peak'])} | "
-            f"{measured['warmup_s']:.1f} | {eager['tok_s']:.1f} | {speed} |")
+            f"{measured['warmup_s']:.1f} | {eager_speed(eager)} | {speed} |")
     return "\n".join(lines)
 
 
