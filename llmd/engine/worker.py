@@ -59,12 +59,8 @@ class EngineWorker:
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._arriving = 0  # requests being tokenized that will be submitted next
-        # Whether requests came in a burst the last time the engine woke from idle (more than
-        # one admitted within `burst_wait_s` of the wake): only then is `burst_window_ms` waited
-        # out, so lone requests (an editor's completions, a script's calls) do not pay it.
-        self._bursty = True  # until traffic says otherwise
-        self._woke_at: float | None = None
-        self._woke_with = 0  # requests admitted within `burst_wait_s` of the last wake from idle
+        self._woke_at: float | None = None  # the last wake from idle (`_bursty`)
+        self._woke_with = 0  # requests admitted within `burst_wait_s` of it
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
         self._outputs: dict[str, OutputText] = {}
@@ -201,8 +197,6 @@ class EngineWorker:
             while not self._inbox and not self.scheduler.has_work and not self._stopping:
                 self._wakeup.wait()
             if idle:
-                if self._woke_at is not None:
-                    self._bursty = self._woke_with > 1
                 self._gather_burst()
                 self._woke_at, self._woke_with = time.monotonic(), 0
             if self._stopping:
@@ -214,6 +208,13 @@ class EngineWorker:
         for item in items:
             self._admit_or_abort(item)
         return True
+
+    @property
+    def _bursty(self) -> bool:
+        """Whether the next wake from idle waits out `burst_window_ms`: only when requests came
+        together the last time (more than one admitted within `burst_wait_s` of the wake), or
+        before any, so lone requests (an editor's completions, a script's calls) do not pay it."""
+        return self._woke_at is None or self._woke_with > 1
 
     def _gather_burst(self) -> None:
         """Idle until now: before the first step, wait (bounded) for requests still being
