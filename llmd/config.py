@@ -6,6 +6,7 @@ Every loading error names the file, the key and, for unknown keys, the nearest v
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 import typing
 from collections.abc import Mapping
@@ -95,6 +96,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key_file: str | None = None
     protect_metrics: bool = False
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -105,7 +107,46 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     """Settings from an optional YAML file, with non-None `overrides` (flags) winning."""
     values: dict[str, Any] = _read_yaml(path) if path is not None else {}
     values.update({key: value for key, value in overrides.items() if value is not None})
-    return _convert(values, Settings, str(path) if path else "command line")
+    source = str(path) if path else "command line"
+    settings = _convert(values, Settings, source)
+    _check_allowed_hosts(settings.allowed_hosts, source)
+    return settings
+
+
+_HOST_NAME = re.compile(r"\.?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?", re.IGNORECASE)
+
+
+def _check_allowed_hosts(entries: tuple[str, ...], source: str) -> None:
+    """Each entry must be what a Host header can name: a name, `.suffix`, an IP or `*`."""
+    for i, entry in enumerate(entries):
+        problem = _host_entry_problem(entry)
+        if problem is not None:
+            raise ConfigError(f"{source}: key `allowed_hosts[{i}]`: `{entry}` {problem}",
+                              param="allowed_hosts")
+
+
+def _host_entry_problem(entry: str) -> str | None:
+    if entry == "*" or _HOST_NAME.fullmatch(entry) or _is_ip(entry.removeprefix("[").removesuffix("]")):
+        return None
+    if not entry:
+        return "is empty"
+    if "://" in entry:
+        return "has a scheme; write the name alone (`llm.lan`)"
+    if entry.startswith("*."):
+        return f"is a glob; write `{entry[1:]}` (a leading dot matches the name and every name under it)"
+    if "/" in entry:
+        return "has a path; write the name alone (`llm.lan`)"
+    if ":" in entry:
+        return "has a port; write the name alone (the port in a Host header is ignored)"
+    return "is not a host name; write a name (`llm.lan`), a suffix (`.example.lan`) or `*`"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 API_KEY_ENV = "LLMD_API_KEY"

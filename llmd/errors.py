@@ -61,6 +61,25 @@ class Unauthorized(LlmdError):
         return {"WWW-Authenticate": "Bearer"}
 
 
+class Forbidden(LlmdError):
+    """Refused whatever the key: this request may not come from where it comes from (403)."""
+
+    status = 403
+    error_type = "invalid_request_error"
+
+
+class HostNotAllowed(Forbidden):
+    """The `Host` header names some other server: a DNS-rebinding page, or a name not in `allowed_hosts`."""
+
+    code = "host_not_allowed"
+
+
+class CorsNotAllowed(Forbidden):
+    """A browser preflight from an origin, or for a method or header, that `cors_origins` does not allow."""
+
+    code = "cors_not_allowed"
+
+
 class ModelNotFound(LlmdError):
     """The request names a model this daemon does not serve (404)."""
 
@@ -91,6 +110,14 @@ class PayloadTooLarge(LlmdError):
     status = 413
     error_type = "invalid_request_error"
     code = "payload_too_large"
+
+
+class UnsupportedMediaType(LlmdError):
+    """A POST body not declared as JSON (415): what a web page can send without asking first."""
+
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class Overloaded(LlmdError):

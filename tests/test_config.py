@@ -119,3 +119,21 @@ def test_shipped_gpu_profiles_are_what_the_names_say() -> None:
     assert four_bit.quantization == "nf4" and four_bit.double_quant
     assert four_bit.dtype == "bfloat16" and four_bit.attn_implementation == "sdpa"
     assert four_bit.max_context >= 8192 and four_bit.max_running >= 2
+
+
+def test_allowed_hosts_load(tmp_path: Path) -> None:
+    path = tmp_path / "llmd.yaml"
+    path.write_text("allowed_hosts: [llm.lan, .Example.LAN, '*', 10.0.0.5, '[fe80::1]']\n")
+    assert load_settings(path, {}).allowed_hosts == ("llm.lan", ".Example.LAN", "*", "10.0.0.5", "[fe80::1]")
+
+
+@pytest.mark.parametrize(("entry", "hint"), [("http://llm.lan", "scheme"), ("llm.lan:8000", "port"),
+                                             ("*.example.lan", "`.example.lan`"), ("", "empty"),
+                                             ("llm.lan/v1", "path"), ("two words", "not a host")])
+def test_allowed_hosts_refuse_what_a_host_header_never_holds(tmp_path: Path, entry: str, hint: str) -> None:
+    path = tmp_path / "llmd.yaml"
+    path.write_text(f"allowed_hosts: ['{entry}']\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(path, {})
+    message = err.value.message
+    assert "allowed_hosts" in message and hint in message and str(path) in message
