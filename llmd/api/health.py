@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Request, Response
 
 from llmd.api.access import OPEN
+from llmd.api.routes import get
 from llmd.engine.client import EngineClient
 
 

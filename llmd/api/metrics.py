@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from litestar import Request, Response, get
+from litestar import Request, Response
 
 from llmd.api.access import METRICS
+from llmd.api.routes import get
 from llmd.metrics import Metrics
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from litestar import Request, get
+from litestar import Request
 
+from llmd.api.routes import get
 from llmd.protocol import Model, ModelList
 
 
