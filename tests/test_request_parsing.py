@@ -80,3 +80,12 @@ def test_sampling_params_with_openai_defaults() -> None:
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
     parsed = parse_body(body(max_tokens=5, max_completion_tokens=9))
     assert requested_max_tokens(parsed) == 9
+
+
+def test_a_null_text_part_names_the_text_not_the_type() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": None}]
+    parsed = parse_body(body(messages=[{"role": "user", "content": parts}]))
+    with pytest.raises(InvalidRequest) as err:
+        to_template_messages(parsed.messages)
+    assert err.value.param == "messages[0].content[1].text" and "must be a string" in err.value.message
+    assert not isinstance(err.value, UnsupportedParameter)

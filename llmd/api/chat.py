@@ -106,14 +106,16 @@ def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def message_text(message: ChatMessage, index: int) -> str:
-    """The text of one message; only text content parts are accepted."""
+    """The text of one message; only text content parts, each with a string, are accepted."""
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     for j, part in enumerate(message.content):
-        if part.type != "text" or part.text is None:
-            param = f"messages[{index}].content[{j}].type"
+        if part.type != "text":
             problem = f"content part type `{part.type}` is not supported; send text"
-            raise UnsupportedParameter(problem, param=param)
+            raise UnsupportedParameter(problem, param=f"messages[{index}].content[{j}].type")
+        if part.text is None:
+            param = f"messages[{index}].content[{j}].text"
+            raise InvalidRequest(f"`{param}` must be a string", param=param)
     return "".join(part.text or "" for part in message.content)
 
 
