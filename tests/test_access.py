@@ -112,3 +112,32 @@ def test_binding_beyond_loopback_without_a_key_warns_loudly(tiny_model: Path, tm
     exposed = start_daemon(tmp_path, "--model", str(tiny_model), "--host", "0.0.0.0")
     assert exposed.stop() == 0
     assert "without an API key: anyone who can reach this port can use the model" in exposed.log()
+
+
+def test_options_is_not_401_with_keys(guarded: Daemon) -> None:
+    for path in ("/health", "/v1/models", "/v1/chat/completions"):
+        response = httpx.options(f"{guarded.url}{path}", timeout=10)
+        assert response.status_code == 204 and "OPTIONS" in response.headers["Allow"], path
+
+
+def test_cors_refusals_are_in_the_openai_shape(guarded: Daemon, daemon: Daemon) -> None:
+    def preflight(target: Daemon, origin: str, method: str = "POST") -> httpx.Response:
+        return httpx.options(f"{target.base_url}/chat/completions", timeout=10, headers={
+            "Origin": origin, "Access-Control-Request-Method": method})
+
+    refusals = ((preflight(guarded, "http://evil.example"), "http://evil.example"),
+                (preflight(daemon, ORIGIN), ORIGIN), (preflight(guarded, ORIGIN, "DELETE"), "DELETE"))
+    for refused, named in refusals:
+        assert refused.status_code == 403 and "Access-Control-Allow-Origin" not in refused.headers
+        error = refused.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "cors_not_allowed"
+        assert named in error["message"] and "cors" in error["message"].lower()
+
+
+def test_an_allowed_origin_can_read_answers_and_errors(guarded: Daemon) -> None:
+    ok = httpx.get(f"{guarded.url}/health", headers={"Origin": ORIGIN}, timeout=10)
+    denied = httpx.get(f"{guarded.base_url}/models", headers={"Origin": ORIGIN}, timeout=10)
+    other = httpx.get(f"{guarded.url}/health", headers={"Origin": "http://evil.example"}, timeout=10)
+    assert ok.headers["Access-Control-Allow-Origin"] == ORIGIN and "Origin" in ok.headers["Vary"]
+    assert denied.status_code == 401 and denied.headers["Access-Control-Allow-Origin"] == ORIGIN
+    assert other.status_code == 200 and "Access-Control-Allow-Origin" not in other.headers

@@ -8,7 +8,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
-from llmd.api.access import KeyCheck, cors_config
+from llmd.api.access import Cors, HostCheck, KeyCheck, require_json
 from llmd.api.chat import create_chat_completion
 from llmd.api.errors import render_http_exception, render_llmd_error, render_unexpected
 from llmd.api.health import health, ready, stats
@@ -28,8 +28,9 @@ def create_app(
     engine.observers.append(registry.observe_stream)
     return Litestar(
         route_handlers=[create_chat_completion, list_models, health, ready, stats, metrics],
-        guards=[KeyCheck(keys, settings.protect_metrics)],
-        cors_config=cors_config(settings),
+        # The Host first: a rebinding page learns nothing, not even whether keys are set.
+        guards=[HostCheck(settings), KeyCheck(keys, settings.protect_metrics), require_json],
+        middleware=[Cors(settings.cors_origins)],
         exception_handlers={
             LlmdError: render_llmd_error,
             HTTPException: render_http_exception,
