@@ -63,7 +63,9 @@ class HostCheck:
     This server's names: `localhost` and `*.localhost` (RFC 6761: they always resolve to
     loopback), loopback IPs, the bound `host`, any IP when bound to a wildcard address, and
     the `allowed_hosts` setting (exact names, `.suffix` for a name and all under it, `*`).
-    A request without Host (HTTP/1.0) is let in: no browser sends one.
+    A request without Host (HTTP/1.0) is let in: no browser sends one. It guards every
+    route, `/health` too: probes use loopback names or IPs, which pass, and an exempt route
+    would still tell a rebinding page that llmd runs here.
     """
 
     def __init__(self, settings: Settings) -> None:
