@@ -2,7 +2,8 @@
 
 Starts the daemon (default `cpu` profile, the small demo model), sends `--concurrency`
 chat requests of `--mib` MiB each at once (under the 8 MiB body limit, far over the context),
-and prints the daemon's RSS before, at the peak (sampled every 20 ms) and after the burst.
+and prints the daemon's RSS before, at the peak (sampled every 20 ms) and after each burst
+(`--bursts`, RSS deltas always against the first "before").
 Each request must be refused with 400 `context_length_exceeded`.
 
     python scripts/prompt_memory.py [--source DIR] [--model DIR]
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--mib", type=float, default=6.8)
     parser.add_argument("--concurrency", type=int, default=12)
     parser.add_argument("--settle", type=float, default=5.0, help="seconds to wait before the last sample")
+    parser.add_argument("--bursts", type=int, default=1, help="bursts in a row, each reported")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
@@ -123,14 +125,14 @@ def run(url: str, process: subprocess.Popen[bytes], args: argparse.Namespace) ->
     model_id = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
     body = prompt_body(args.mib, model_id)
     rss = psutil.Process(process.pid).memory_info().rss
-    results, peak = asyncio.run(measure(url, process.pid, body, args.concurrency))
-    time.sleep(args.settle)
-    after = psutil.Process(process.pid).memory_info().rss
-    outcomes = {result: results.count(result) for result in sorted(set(results))}
-    print(f"{args.concurrency} x {len(body) / MIB:.1f} MiB bodies: {outcomes}")
-    print(f"RSS before {rss / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB (+{(peak - rss) / MIB:.0f}), "
-          f"after {args.settle:g} s {after / MIB:.0f} MiB (+{(after - rss) / MIB:.0f})")
-
+    for number in range(1, args.bursts + 1):
+        results, peak = asyncio.run(measure(url, process.pid, body, args.concurrency))
+        time.sleep(args.settle)
+        after = psutil.Process(process.pid).memory_info().rss
+        outcomes = {result: results.count(result) for result in sorted(set(results))}
+        print(f"burst {number}: {args.concurrency} x {len(body) / MIB:.1f} MiB bodies: {outcomes}")
+        print(f"  RSS before {rss / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB (+{(peak - rss) / MIB:.0f}), "
+              f"after {args.settle:g} s {after / MIB:.0f} MiB (+{(after - rss) / MIB:.0f})", flush=True)
 
 if __name__ == "__main__":
     main()
