@@ -153,12 +153,20 @@ def test_a_chat_just_under_the_context_is_accepted_exactly(llama3_dir: Path) -> 
     assert len(ChatTokenizer(llama3_dir).encode_chat(too_long)) == 512  # left to the exact check
 
 
-def test_a_cut_inside_a_piece_never_overcounts(tiny_model: Path) -> None:
-    tokenizer = ChatTokenizer(tiny_model)
-    text = "antidisestablishment " * 50 + "word" * 300
-    whole = len(tokenizer.encode_text(text, False))
-    for cut in range(1, len(text), 97):
-        assert tokenizer.tokens_at_least([PromptPiece(text, False)], cut) <= whole
+CUT_TEXTS = [
+    "antidisestablishment " * 40 + "word" * 300,
+    "  spaced\n\n\n  out\t\ttext   " * 30 + "안녕하세요 👋🏽 你好 " * 20,
+    "<|eot|>" * 20 + " x<|eot|>y " * 30,
+]
+
+
+@pytest.mark.parametrize("text", CUT_TEXTS)
+def test_a_cut_prefix_never_counts_more_than_the_whole(model_dir: Path, text: str) -> None:
+    tokenizer = ChatTokenizer(model_dir)
+    for pieces in ([PromptPiece(text, False)], [PromptPiece("x\n\n", False), PromptPiece(text, True)]):
+        whole = sum(len(tokenizer.encode_piece(piece, k > 0)) for k, piece in enumerate(pieces))
+        for cut in range(1, sum(len(p.text) for p in pieces), 37):
+            assert tokenizer.tokens_at_least(pieces, cut) <= whole, cut
 
 
 def test_the_engine_refuses_early_and_queues_only_large_prompts(tiny_model: Path) -> None:

@@ -164,18 +164,20 @@ class ChatTokenizer:
         return count
 
     def cut_tokens_at_least(self, prefix: str, literal: bool, after_text: bool) -> int:
-        """Tokens of a cut piece that the whole piece holds too: all but those of the last two words.
+        """Tokens of a cut piece that the whole piece holds too: all but those of the edge words.
 
         Words (pre-tokens) before the cut tokenize the same in the whole text; the cut word and
-        the whitespace before it may not. Without word boundaries (no fast tokenizer) it is 0.
+        the whitespace before it may not, nor (after the newline `encode_piece` puts in front)
+        the first two. Without word boundaries (no fast tokenizer, or one without a
+        pre-tokenizer) it is 0: such a prompt is left to the exact check.
         """
         backend = self._literal_backend if literal else self._backend
         if backend is None:
             return 0
         words = backend.encode(prefix, add_special_tokens=False).word_ids
         last = max((word for word in words if word is not None), default=0)
-        whole = sum(1 for word in words if word is None or word < last - 1)
-        return max(0, whole - 1) if after_text else whole  # the newline trick may change the first
+        first = 2 if after_text else 0
+        return sum(1 for word in words if word is None or first <= word < last - 1)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens skipped; the Rust decoder directly when available."""
