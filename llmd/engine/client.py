@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from llmd.config import Profile
+from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 from llmd.notify import Heartbeat
@@ -50,6 +51,7 @@ class EngineClient:
         self._streams: dict[str, GenerationStream] = {}
         self._ids = itertools.count()
         self._tokenizer: ChatTokenizer | None = None
+        self._large_prompt_slots = asyncio.Semaphore(LARGE_PROMPT_SLOTS)
         self._recent_seconds = 1.0
         self.ready = asyncio.Event()
         self.failed: asyncio.Future[BaseException] | None = None
@@ -67,7 +69,7 @@ class EngineClient:
         self.failed = self._loop.create_future()
         from llmd.engine.tokenizer import ChatTokenizer
 
-        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._model_dir)
+        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._model_dir, self.max_context)
         self._worker.start()
 
     async def shutdown(self) -> None:
@@ -95,17 +97,30 @@ class EngineClient:
     async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Prompt ids for chat messages, rendered off the event loop.
 
+        A chat of more than `LARGE_PROMPT_CHARS` characters waits for one of
+        `LARGE_PROMPT_SLOTS` encodes (small ones never queue behind it); one that cannot fit
+        the context is refused after work bounded by the context (`ChatTokenizer.refuse_early`).
         Meanwhile the worker counts the request as arriving: an idle worker waits for a
         burst's stragglers instead of starting on the first alone (`EngineWorker.arriving`).
         """
         assert self._tokenizer is not None and self._loop is not None, "start() first"
-        self._worker.arriving(+1)
+        large = text_length(messages) > LARGE_PROMPT_CHARS
+        async with self._large_prompt_slots if large else contextlib.nullcontext():
+            self._worker.arriving(+1)
+            try:
+                return await asyncio.to_thread(self._encode_and_release, messages, large)
+            finally:
+                # Uncounted only after the caller's synchronous `submit` (same task step, no
+                # await between) has posted the request, or after it has failed instead.
+                self._loop.call_soon(self._worker.arriving, -1)
+
+    def _encode_and_release(self, messages: list[dict[str, Any]], large: bool) -> list[int]:
+        assert self._tokenizer is not None
         try:
-            return await asyncio.to_thread(self._tokenizer.encode_chat, messages)
+            return self._tokenizer.encode_chat(messages)
         finally:
-            # Uncounted only after the caller's synchronous `submit` (same task step, no
-            # await between) has posted the request, or after it has failed instead.
-            self._loop.call_soon(self._worker.arriving, -1)
+            if large:  # glibc keeps a big encode's freed arenas unless asked to return them
+                release_free_memory()
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises when it cannot fit."""

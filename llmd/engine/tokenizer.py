@@ -1,36 +1,194 @@
-"""The model's tokenizer: chat template to prompt ids, ids to text, end-of-sequence ids."""
+"""The model's tokenizer: chat template to prompt ids, ids to text, end-of-sequence ids.
+
+Only the chat template emits control tokens. Before rendering, every special-token string in
+the messages' strings (content, names, and anything nested) is swapped for a numbered
+placeholder; the rendered text is cut at the placeholders and their strings are encoded as
+plain text, so user content such as `<|eot|>` can never forge a turn. A chat without such
+strings is one encode of the rendered text, as before.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from llmd.errors import InvalidRequest
+from llmd.errors import ContextLengthExceeded, InvalidRequest
+
+# Private-use characters around a placeholder's index; a user's own are placeholders too.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+# A prompt longer than this many characters per context token is first counted on growing
+# prefixes: no tokenizer needs more characters than that for a context's worth of tokens.
+EARLY_CHECK_CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPiece:
+    """A stretch of the rendered prompt: template text (control tokens parsed) or literal user text."""
+
+    text: str
+    literal: bool
+
+
+class LiteralMarker:
+    """Swaps special-token strings in message strings for placeholders, then cuts the render at them."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+        self.literals: list[str] = []
+
+    def mark(self, value: Any) -> Any:
+        """`value` with every match in its strings (dict values, list items) made a placeholder."""
+        if isinstance(value, str):
+            return self.pattern.sub(self._placeholder, value)
+        if isinstance(value, dict):
+            return {key: self.mark(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.mark(item) for item in value]
+        return value
+
+    def _placeholder(self, match: re.Match[str]) -> str:
+        self.literals.append(match.group())
+        return f"{_OPEN}{len(self.literals) - 1}{_CLOSE}"
+
+    def split(self, rendered: str) -> list[PromptPiece]:
+        """The rendered text as template pieces and the literal strings its placeholders stand for."""
+        if not self.literals:
+            return [PromptPiece(rendered, literal=False)]
+        pieces = []
+        for k, part in enumerate(_PLACEHOLDER.split(rendered)):  # template, index, template, ...
+            # A lone marker (a template that cut a placeholder) is dropped; it never reaches the model.
+            text = self.literals[int(part)] if k % 2 else part.replace(_OPEN, "").replace(_CLOSE, "")
+            if text:
+                pieces.append(PromptPiece(text, literal=bool(k % 2)))
+        return pieces
 
 
 class ChatTokenizer:
-    """One tokenizer instance. Not shared across threads: each thread loads its own."""
+    """One tokenizer instance; safe to call from several threads (no encode toggles shared state).
 
-    def __init__(self, model_dir: str | Path) -> None:
+    With `max_context`, `encode_chat` refuses a chat that provably holds `max_context` tokens or
+    more before encoding all of it, so an oversized prompt costs work bounded by the context.
+    """
+
+    def __init__(self, model_dir: str | Path, max_context: int | None = None) -> None:
         self._tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(model_dir))
         if not self._tokenizer.chat_template:
             raise InvalidRequest(f"{model_dir}: the tokenizer has no chat template")
+        self.max_context = max_context
         self._backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        # A second backend that splits special tokens, so no encode ever flips a shared flag.
+        self._literal_backend = None
+        if self._backend is not None:
+            self._literal_backend = type(self._backend).from_str(self._backend.to_str())
+            self._literal_backend.encode_special_tokens = True
+        self._specials = special_token_pattern(self._tokenizer)
+        self._newline = self.encode_text("\n", literal=False)
         eos = self._tokenizer.eos_token_id
         self.eos_token_ids = frozenset() if eos is None else frozenset([int(eos)])
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render messages with the chat template (generation prompt added) into ids."""
-        text = self._tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+        """Render messages with the chat template (generation prompt added) into ids.
+
+        Special-token strings inside the messages become plain-text ids; raises
+        `ContextLengthExceeded` early when the chat cannot fit `max_context`.
+        """
+        pieces = self.render_chat(messages)
+        if self.max_context is not None:
+            self.refuse_early(pieces, self.max_context)
+        return [token for k, piece in enumerate(pieces) for token in self.encode_piece(piece, k > 0)]
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[PromptPiece]:
+        """The chat template's text, cut into template pieces and literal user strings."""
+        marker = LiteralMarker(self._specials)
+        rendered = self._tokenizer.apply_chat_template(
+            marker.mark(messages), add_generation_prompt=True, tokenize=False
         )
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        assert isinstance(rendered, str)
+        return marker.split(rendered)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a raw prompt with its special-token strings parsed (`/v1/completions` sends FIM tokens)."""
+        return self.encode_text(text, literal=False)
+
+    def encode_piece(self, piece: PromptPiece, after_text: bool) -> list[int]:
+        """Ids of one piece; a piece after another is encoded after a newline that is then cut.
+
+        A SentencePiece-style tokenizer adds a space at the start of a string; it must not add
+        one in the middle of the prompt.
+        """
+        if not after_text:
+            return self.encode_text(piece.text, piece.literal)
+        ids = self.encode_text("\n" + piece.text, piece.literal)
+        if ids[: len(self._newline)] == self._newline:
+            return ids[len(self._newline) :]
+        return self.encode_text(piece.text, piece.literal)
+
+    def encode_text(self, text: str, literal: bool) -> list[int]:
+        """Ids of `text`; `literal` encodes special-token strings as plain text. The one encode seam."""
+        backend = self._literal_backend if literal else self._backend
+        if backend is not None:
+            return list(backend.encode(text, add_special_tokens=False).ids)
+        return list(self._tokenizer.encode(text, add_special_tokens=False, split_special_tokens=literal))
+
+    def refuse_early(self, pieces: list[PromptPiece], max_context: int) -> None:
+        """Raise `ContextLengthExceeded` when a prefix of the prompt already holds `max_context` tokens.
+
+        Counts on prefixes that double from `EARLY_CHECK_CHARS_PER_TOKEN * max_context`
+        characters; a prompt shorter than that is left to the exact check after encoding.
+        """
+        total = sum(len(piece.text) for piece in pieces)
+        chars = EARLY_CHECK_CHARS_PER_TOKEN * max_context
+        while chars < total:
+            at_least = self.tokens_at_least(pieces, chars)
+            if at_least >= max_context:
+                raise ContextLengthExceeded(
+                    f"This model's maximum context length is {max_context} tokens. However, your "
+                    f"messages have at least {at_least} tokens. Please reduce the length of the messages.",
+                    param="messages",
+                )
+            chars *= 2
+
+    def tokens_at_least(self, pieces: list[PromptPiece], chars: int) -> int:
+        """A lower bound on the prompt's tokens, from its first `chars` characters only."""
+        count = 0
+        for k, piece in enumerate(pieces):
+            if len(piece.text) >= chars:
+                return count + self.cut_tokens_at_least(piece.text[:chars], piece.literal, k > 0)
+            count += len(self.encode_piece(piece, k > 0))
+            chars -= len(piece.text)
+        return count
+
+    def cut_tokens_at_least(self, prefix: str, literal: bool, after_text: bool) -> int:
+        """Tokens of a cut piece that the whole piece holds too: all but those of the edge words.
+
+        Words (pre-tokens) before the cut tokenize the same in the whole text; the cut word and
+        the whitespace before it may not, nor (after the newline `encode_piece` puts in front)
+        the first two. Without word boundaries (no fast tokenizer, or one without a
+        pre-tokenizer) it is 0: such a prompt is left to the exact check.
+        """
+        backend = self._literal_backend if literal else self._backend
+        if backend is None:
+            return 0
+        words = backend.encode(prefix, add_special_tokens=False).word_ids
+        last = max((word for word in words if word is not None), default=0)
+        first = 2 if after_text else 0
+        return sum(1 for word in words if word is None or first <= word < last - 1)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens skipped; the Rust decoder directly when available."""
         if self._backend is not None:
             return str(self._backend.decode(ids, skip_special_tokens=True))
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def special_token_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str]:
+    """Matches the tokenizer's special-token strings, longest first, and the placeholder markers."""
+    specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
+    longest_first = sorted(specials, key=len, reverse=True)
+    return re.compile("|".join([*map(re.escape, longest_first), f"[{_OPEN}{_CLOSE}]"]))
 
