@@ -43,7 +43,10 @@ log = logging.getLogger("llmd")
 
 DEMO_MODEL_ID = "llmd-demo"
 DEMO_SIZE = "small"
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP stops too: llmd reloads nothing, and a hang-up must not kill it without a drain.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# After a second stop signal: how long the cut requests' handlers get to write their last bytes.
+STOP_NOW_GRACE = 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,10 +249,14 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         if cut:
             log.warning("drain timeout: ended %d requests with an error event", cut)
 
+    async def stop_now() -> None:
+        cut = await engine.cut("the server is stopping now (a second stop signal)", grace=STOP_NOW_GRACE)
+        log.warning("stopping now: ended %d requests with an error event", cut)
+
     keys = api_keys(settings, os.environ)
     warn_if_exposed(settings, keys)
     app = create_app(engine, settings, model_id, keys)
-    DaemonServer = daemon_server_class(drain)
+    DaemonServer = daemon_server_class(drain, stop_now)
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
@@ -311,12 +318,16 @@ def warn_if_exposed(settings: Settings, keys: frozenset[str]) -> None:
                     settings.host, API_KEY_ENV)
 
 
-def daemon_server_class(drain: Callable[[], Awaitable[None]]) -> type:
-    """uvicorn's Server, except that SIGTERM/SIGINT drain first and then exit 0.
+def daemon_server_class(
+    drain: Callable[[], Awaitable[None]], stop_now: Callable[[], Awaitable[None]]
+) -> type:
+    """uvicorn's Server, except that a stop signal drains first and then exits 0.
 
-    On the first signal the server keeps accepting connections, so a new request gets a
-    clear 503 + Retry-After instead of a refused connection, while `drain` lets running
-    streams finish; then uvicorn shuts down. A second signal stops at once. uvicorn would
+    On the first SIGTERM, SIGINT or SIGHUP the server keeps accepting connections, so a new
+    request gets a clear 503 + Retry-After instead of a refused connection, while `drain`
+    lets running streams finish; then uvicorn shuts down. A second signal runs `stop_now`
+    (every open request ends with a `shutting_down` error), gives the responses a moment to
+    be written, drops the connections that cannot take them, and exits. uvicorn would
     re-raise the caught signal after shutting down, so the process would die "by signal";
     a daemon that drained cleanly reports success to systemd instead.
     """
@@ -324,12 +335,21 @@ def daemon_server_class(drain: Callable[[], Awaitable[None]]) -> type:
 
     class Server(uvicorn.Server):
         draining: asyncio.Task[None] | None = None
+        stopping: asyncio.Task[None] | None = None
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if self.draining is not None or not self.started:
-                super().handle_exit(sig, frame)  # a second signal, or nothing to drain yet
-                return
-            self.draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
+            name = signal.Signals(sig).name
+            if not self.started:
+                self.should_exit = True  # still binding the port: nothing to drain
+            elif self.draining is None:
+                log.info("%s: draining, then stopping%s", name,
+                         " (llmd reloads nothing on SIGHUP)" if sig == signal.SIGHUP else "")
+                self.draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
+            elif self.stopping is None:
+                log.warning("%s during the drain: stopping now", name)
+                self.stopping = asyncio.get_running_loop().create_task(self._stop_now())
+            else:
+                log.info("%s: already stopping", name)
 
         async def _drain_then_exit(self) -> None:
             try:
@@ -337,17 +357,33 @@ def daemon_server_class(drain: Callable[[], Awaitable[None]]) -> type:
             finally:
                 self.should_exit = True
 
+        async def _stop_now(self) -> None:
+            deadline = time.monotonic() + STOP_NOW_GRACE
+            try:
+                await stop_now()
+                while self.server_state.tasks and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)  # the cut requests' handlers write their last bytes
+                for connection in list(self.server_state.connections):
+                    flow = getattr(connection, "flow", None)
+                    if flow is not None and flow.write_paused:  # a client that stopped reading
+                        connection.transport.abort()
+            finally:
+                self.should_exit = True
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
+            # Handlers run as loop callbacks (never inside whatever the signal interrupted).
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+            loop = asyncio.get_running_loop()
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
             try:
                 yield
             finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+                for sig in STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
 
     return Server
 

@@ -134,6 +134,13 @@ class Overloaded(LlmdError):
         return {"Retry-After": str(self.retry_after)}
 
 
+class ShuttingDown(Overloaded):
+    """The daemon is draining or stopping: a new request is refused, a running one cut (503)."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message, retry_after=retry_after, code="shutting_down")
+
+
 class ClientDisconnected(LlmdError):
     """The client left before its completion was ready; nobody reads this (499, nginx's code)."""
 

@@ -1,9 +1,9 @@
 """Prometheus metrics of one daemon, in its own registry (tests build as many as they like).
 
 The engine client reports each stream as it closes (`observe_stream`), the API layer each
-error response (`observe_error`). Gauges that mirror the engine (running, waiting, prefix
-cache, GPU memory) are read at scrape time from callbacks the daemon supplies, so the hot
-path never updates them.
+error response and each in-stream error event (`observe_error`). Gauges that mirror the
+engine (running, waiting, prefix cache, GPU memory) are read at scrape time from callbacks
+the daemon supplies, so the hot path never updates them.
 No torch here: GPU memory comes from a callback, and only on CUDA.
 """
 

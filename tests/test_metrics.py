@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmd.engine.types import EngineStats
+from llmd.api.sse import frame
+from llmd.engine.types import EngineStats, TokenEvent
+from llmd.errors import ShuttingDown
 from llmd.metrics import FINISH_REASONS, Metrics
 
 
@@ -203,3 +208,29 @@ def test_openmetrics_on_request() -> None:
     body, content_type = metrics.render("application/openmetrics-text; version=1.0.0")
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
+
+
+class Text(msgspec.Struct):
+    text: str
+
+
+def test_a_stream_cut_by_the_drain_counts_as_an_in_stream_error() -> None:
+    """The drain's cut reaches the SSE framing as `shutting_down`, counted like an error response."""
+    from llmd.engine.client import GenerationStream
+
+    stream = GenerationStream(None, "r1", 12)  # type: ignore[arg-type]  # never closed here
+    stream.events.put_nowait(TokenEvent("Once", 1))
+    stream.fail(ShuttingDown("the drain timeout ran out"))
+    metrics = Metrics()
+
+    async def texts() -> AsyncIterator[Text]:
+        async for event in stream:
+            yield Text(event.text)
+
+    async def framed() -> list[bytes]:
+        return [piece async for piece in frame(texts(), metrics.observe_error)]
+
+    events = asyncio.run(framed())
+    assert b'"code":"shutting_down"' in events[-2] and events[-1] == b"data: [DONE]\n\n"
+    assert scrape(metrics)[("llmd_errors_total", (("type", "shutting_down"),))] == 1
+    assert stream.outcome == "error"

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from llmd.api.sse import DONE, frame
-from llmd.errors import EngineFailure
+from llmd.errors import EngineFailure, ShuttingDown
 
 
 class Piece(msgspec.Struct):
@@ -23,11 +23,13 @@ async def pieces(fail_after: int | None, error: Exception) -> AsyncIterator[Piec
         yield Piece(f"p{i}")
 
 
-def framed(fail_after: int | None, error: Exception | None = None) -> list[bytes]:
+def framed(fail_after: int | None, error: Exception | None = None, counted: list[str] | None = None
+           ) -> list[bytes]:
     failure = error if error is not None else EngineFailure("boom")
+    count = counted.append if counted is not None else None
 
     async def collect() -> list[bytes]:
-        return [event async for event in frame(pieces(fail_after, failure))]
+        return [event async for event in frame(pieces(fail_after, failure), count)]
 
     return asyncio.run(collect())
 
@@ -50,3 +52,14 @@ def test_unexpected_exception_is_reported_without_internals() -> None:
     error = json.loads(events[1].removeprefix(b"data: "))["error"]
     assert error["type"] == "server_error" and "secret" not in error["message"]
     assert events[-1] == DONE
+
+
+def test_an_in_stream_error_is_counted_by_its_code_and_a_clean_stream_is_not() -> None:
+    counted: list[str] = []
+    framed(None, counted=counted)
+    assert counted == []
+    events = framed(1, ShuttingDown("the drain timeout ran out"), counted)
+    assert counted == ["shutting_down"]
+    assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == "shutting_down"
+    framed(0, KeyError("secret"), counted)
+    assert counted == ["shutting_down", "engine_error"]

@@ -56,7 +56,8 @@ async def create_chat_completion(request: Request) -> Response[ChatCompletion] |
     stream = engine.submit(prompt_ids, params)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return sse_response(stream_chunks(stream, meta, include_usage))
+        chunks = stream_chunks(stream, meta, include_usage)
+        return sse_response(chunks, request.app.state.metrics.observe_error)
     return Response(await complete_unless_disconnected(request, stream, meta))
 
 

@@ -2,13 +2,14 @@
 
 Every event is `data: <json>\\n\\n`, JSON encoded by msgspec, handed to the server as
 its own body write so it is flushed the moment it exists. A failure after the first
-byte becomes one error event; `[DONE]` always ends the stream.
+byte becomes one error event (counted, as an error response would be); `[DONE]` always
+ends the stream.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from litestar.response import Stream
@@ -27,6 +28,9 @@ HEADERS = {
 
 _encoder = msgspec.json.Encoder()
 
+# Told the code (or type) of each in-stream error: `Metrics.observe_error`.
+ErrorCounter = Callable[[str], None]
+
 
 def event(payload: msgspec.Struct) -> bytes:
     """One SSE `data:` event carrying `payload` as JSON."""
@@ -38,19 +42,25 @@ def error_body(error: LlmdError) -> ErrorResponse:
     return ErrorResponse(ErrorDetail(error.message, error.error_type, error.param, error.code))
 
 
-async def frame(chunks: AsyncIterator[msgspec.Struct]) -> AsyncIterator[bytes]:
+async def frame(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter | None = None
+                ) -> AsyncIterator[bytes]:
     """SSE bytes for `chunks`, ending in `[DONE]` whether or not they fail midway."""
+    failure: LlmdError | None = None
     try:
         async for chunk in chunks:
             yield event(chunk)
     except LlmdError as exc:
-        yield event(error_body(exc))
+        failure = exc
     except Exception as exc:
         log.exception("stream failed")
-        yield event(error_body(EngineFailure(f"stream failed: {type(exc).__name__}")))
+        failure = EngineFailure(f"stream failed: {type(exc).__name__}")
+    if failure is not None:
+        if count_error is not None:
+            count_error(failure.code or failure.error_type)
+        yield event(error_body(failure))
     yield DONE
 
 
-def sse_response(chunks: AsyncIterator[msgspec.Struct]) -> Stream:
-    """A `text/event-stream` response streaming `chunks`."""
-    return Stream(frame(chunks), media_type="text/event-stream", headers=HEADERS)
+def sse_response(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter | None = None) -> Stream:
+    """A `text/event-stream` response streaming `chunks`; `count_error` hears of an in-stream error."""
+    return Stream(frame(chunks, count_error), media_type="text/event-stream", headers=HEADERS)

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from llmd.config import Profile
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
-from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
 from llmd.notify import Heartbeat
 
 if TYPE_CHECKING:
@@ -79,19 +79,27 @@ class EngineClient:
     async def drain(self, timeout: float) -> int:
         """Refuse new requests, let running ones finish for up to `timeout` seconds, end the rest.
 
-        A request still going at the deadline gets a final error event (its SSE stream then
-        ends with `[DONE]` as always) and is aborted in the worker. Returns how many were cut.
+        A request still going at the deadline ends with `ShuttingDown` (a stream's last event,
+        then `[DONE]`; a 503 for a non-stream request). Returns how many were cut.
         """
         self.draining = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
+        return await self.cut(f"the server is shutting down; its drain timeout ({timeout:g} s) ran out")
+
+    async def cut(self, message: str, grace: float = 5.0) -> int:
+        """End every open request now with `ShuttingDown(message)`; refuse new ones.
+
+        Each is aborted in the worker; then up to `grace` seconds pass for their handlers to
+        take the error and close. Returns how many were cut.
+        """
+        self.draining = True
         cut = list(self._streams.values())
-        message = f"the server is shutting down; its drain timeout ({timeout:g} s) ran out"
         for stream in cut:
-            stream.events.put_nowait(TokenEvent("", stream.completion_tokens, error=message))
+            stream.fail(ShuttingDown(message))
             self._worker.abort(stream.request_id)
-        with contextlib.suppress(TimeoutError):  # let the handlers write those last events
-            await asyncio.wait_for(self._idle.wait(), 5.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace)
         return len(cut)
 
     async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -194,8 +202,7 @@ class EngineClient:
 
     def _admit(self) -> None:
         if self.draining:
-            raise Overloaded("the server is shutting down; retry against its successor",
-                             retry_after=5, code="shutting_down")
+            raise ShuttingDown("the server is shutting down; retry against its successor")
         if not self.ready.is_set():
             raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
         capacity = self.profile.max_running + self.profile.max_queue
@@ -241,7 +248,8 @@ class GenerationStream:
     def __init__(self, client: EngineClient, request_id: str, prompt_tokens: int) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
-        self.events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        # the worker's events, or an error the client ends the request with (the drain's cut)
+        self.events: asyncio.Queue[TokenEvent | LlmdError] = asyncio.Queue()
         self.started = time.monotonic()
         self.first_token_at: float | None = None
         self.queued_seconds: float | None = None  # arrival → admitted to the running set
@@ -261,6 +269,8 @@ class GenerationStream:
         if self.done:
             raise StopAsyncIteration
         event = await self.events.get()
+        if isinstance(event, LlmdError):
+            self._end_with(event)
         now = time.monotonic()
         if event.queued_seconds is not None:
             self.queued_seconds = event.queued_seconds
@@ -271,13 +281,21 @@ class GenerationStream:
                 self.token_gaps.append(now - self.last_event_at)
             self.last_event_at = now
             self.completion_tokens = event.completion_tokens
-        self.done = event.finish_reason is not None or event.error is not None
+        self.done = event.finish_reason is not None
         if event.finish_reason is not None:
             self.finish_reason = event.finish_reason.value
         if event.error is not None:
-            self.error = event.error
-            raise EngineFailure(event.error)
+            self._end_with(EngineFailure(event.error))
         return event
+
+    def fail(self, error: LlmdError) -> None:
+        """End the request with `error`, raised to whoever reads the stream next."""
+        self.events.put_nowait(error)
+
+    def _end_with(self, error: LlmdError) -> NoReturn:
+        self.done = True
+        self.error = error.message
+        raise error
 
     @property
     def outcome(self) -> str:
