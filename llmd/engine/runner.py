@@ -603,7 +603,7 @@ class ModelRunner:
             token = (self.sampler or sample)(logits, params, state.generator, state.token_counts)
         except Exception as exc:  # one request's sampling must not end the step's other rows
             log.exception("sampling one request failed")
-            return RowFailure(f"sampling failed: {type(exc).__name__}: {exc}")
+            return RowFailure(f"{type(exc).__name__} while sampling: {exc}")
         if state.token_counts is not None:
             state.token_counts[token] += 1
         state.last_token = token

@@ -28,7 +28,7 @@ class FinishReason(enum.Enum):
 # Below this temperature sampling is argmax (vLLM's floor too): dividing logits by a smaller
 # one only overflows float32 (1e-38 did, into a NaN softmax) and picks the argmax anyway.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-SEED_LIMIT = 1 << 64  # seeds are taken exactly as torch takes them: 0 <= seed < 2**64
+SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound a wire int that high)
 
 
 @dataclass(frozen=True, slots=True)
