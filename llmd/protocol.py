@@ -47,7 +47,7 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     n: Annotated[int, Meta(ge=1, le=1)] | None = None
     presence_penalty: Penalty | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=0)] | None = None  # below 2**64: SamplingParams checks
     stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

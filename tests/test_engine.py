@@ -16,12 +16,13 @@ from transformers import AutoModelForCausalLM
 from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.offline import InProcessDecoder
-from llmd.engine.runner import ModelRunner
+from llmd.engine.runner import ModelRunner, Sampled, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 
 T = TypeVar("T")
+StepOutcomes = tuple[list[Sampled], list[Sampled | None]]  # what `ModelRunner.step` returns
 PROMPT = [{"role": "user", "content": "Hello there, 안녕?"}]
 
 
@@ -71,18 +72,16 @@ def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
     torch.testing.assert_close(torch.stack(seen[24]), expected, rtol=1e-4, atol=1e-4)
 
 
-def test_penalized_requests_count_their_own_tokens(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import llmd.engine.runner as runner_module
-
+def test_penalized_requests_count_their_own_tokens(tiny_model: Path) -> None:
     counted: list[float] = []
-    real_sample = runner_module.sample
 
-    def recording_sample(logits: torch.Tensor, params: SamplingParams, gen: object, counts: object) -> int:
-        counted.append(-1.0 if counts is None else float(counts.sum()))  # type: ignore[attr-defined]
-        return real_sample(logits, params, gen, counts)  # type: ignore[arg-type]
+    def recording_sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None,
+                         counts: torch.Tensor | None) -> int:
+        counted.append(-1.0 if counts is None else float(counts.sum()))
+        return sample(logits, params, gen, counts)
 
     runner = ModelRunner(tiny_model, load_profile("cpu"))  # before: its load-time probe samples too
-    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    runner.sampler = recording_sample
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     penalized = Request("p", prompt, greedy(5, frequency_penalty=0.5))
     plain = Request("q", prompt, greedy(5))
@@ -281,16 +280,16 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
     async def body(engine: EngineClient) -> None:
         runner = engine._worker.runner
         assert runner is not None
-        real_decode = runner.decode
+        real_step = runner.step
         calls = {"n": 0}
 
-        def flaky(requests: list[Request]) -> list[int]:
+        def flaky(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepOutcomes:
             calls["n"] += 1
             if calls["n"] == 3:
                 raise RuntimeError("simulated device fault")
-            return real_decode(requests)
+            return real_step(decode, chunks)
 
-        monkeypatch.setattr(runner, "decode", flaky)
+        monkeypatch.setattr(runner, "step", flaky)
         prompt = await engine.encode_chat(PROMPT)
         received: list[str] = []
         with pytest.raises(EngineFailure, match="simulated device fault"), engine.submit(
@@ -551,15 +550,15 @@ def test_an_end_of_sequence_token_finishes_with_stop_and_adds_no_text(
         runner = engine._worker.runner
         assert runner is not None
         eos = min(engine._worker.eos_token_ids)
-        real_decode = runner.decode
+        real_step = runner.step
         calls = {"n": 0}
 
-        def ends_soon(requests: list[Request]) -> list[int]:
-            tokens = real_decode(requests)
+        def ends_soon(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepOutcomes:
+            tokens, firsts = real_step(decode, chunks)
             calls["n"] += len(tokens)
-            return [eos] * len(tokens) if calls["n"] == 3 else tokens
+            return ([eos] * len(tokens) if calls["n"] == 3 else tokens), firsts
 
-        monkeypatch.setattr(runner, "decode", ends_soon)
+        monkeypatch.setattr(runner, "step", ends_soon)
         prompt = await engine.encode_chat(PROMPT)
         with engine.submit(prompt, greedy(50)) as stream:
             events = [event async for event in stream]

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from llmd.engine.runner import apply_penalties, keep_top_k, keep_top_p, sample
+from llmd.engine.runner import (
+    apply_penalties,
+    generator_seed,
+    keep_top_k,
+    keep_top_p,
+    sample,
+    usable_rows,
+)
 from llmd.engine.types import SamplingParams
+from llmd.errors import InvalidRequest
 
 LOGITS = torch.tensor([4.0, 3.5, 1.0, 0.0, -1.0])
 
@@ -63,3 +72,62 @@ def test_same_seed_same_draws_and_the_global_generator_is_untouched() -> None:
     second = [sample(LOGITS, params, g, None) for g in [generator(7)] for _ in range(20)]
     assert first == second
     assert torch.equal(torch.get_rng_state(), state)
+
+
+EXTREMES = [
+    {"temperature": 1e-38},  # logits / temperature overflowed float32: a NaN softmax
+    {"temperature": 9.9e-6},  # below the greedy floor
+    {"top_p": 1e-45},
+    {"top_p": 7e-46},  # rounds to 0 in float32: every token was dropped
+    {"top_p": 5e-324},  # the smallest positive double
+    {"temperature": 1e-38, "top_p": 1e-45, "top_k": 3},
+]
+
+
+@pytest.mark.parametrize("extreme", EXTREMES, ids=str)
+def test_extreme_but_valid_values_give_the_argmax(extreme: dict[str, float]) -> None:
+    params = SamplingParams(max_tokens=1, **extreme)  # type: ignore[arg-type]
+    assert [sample(LOGITS, params, generator(seed), None) for seed in range(20)] == [0] * 20
+
+
+def test_top_p_always_keeps_the_most_likely_token() -> None:
+    for top_p in (1e-45, 7e-46, 5e-324):
+        assert torch.isfinite(keep_top_p(LOGITS, top_p)).tolist() == [True, False, False, False, False]
+
+
+def test_the_greedy_floor_is_vllms() -> None:
+    assert SamplingParams(max_tokens=1, temperature=9.99e-6).greedy
+    assert not SamplingParams(max_tokens=1, temperature=1e-5).greedy
+
+
+def test_huge_logits_cannot_overflow_the_temperature_division() -> None:
+    logits = torch.tensor([3e36, 2e36, -3e38, 0.0])
+    params = SamplingParams(max_tokens=1, temperature=1e-4, frequency_penalty=-2.0)
+    counts = torch.tensor([0.0, 0.0, 0.0, 5.0])
+    assert {sample(logits, params, generator(seed), counts) for seed in range(20)} <= {0, 1}
+
+
+def test_a_masked_token_is_usable_but_nan_or_inf_is_not() -> None:
+    rows = torch.tensor([[1.0, float("-inf"), 0.0], [1.0, float("nan"), 0.0],
+                         [float("inf"), 0.0, 0.0], [float("-inf")] * 3])
+    assert usable_rows(rows) == [True, False, False, False]
+
+
+SEEDS = [0, 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]
+
+
+def test_seeds_differing_anywhere_in_64_bits_draw_differently() -> None:
+    """torch's CPU generator reads only a seed's low 32 bits: 0, 2**32 and 2**63 drew alike."""
+    assert [SamplingParams(max_tokens=1, seed=seed).seed for seed in SEEDS] == SEEDS
+    torch_seeds = [generator_seed(seed) for seed in SEEDS]
+    assert len({s & 0xFFFFFFFF for s in torch_seeds}) == len(SEEDS)
+    assert all(0 <= s < 2**64 for s in torch_seeds)
+    streams = {tuple(torch.rand(4, generator=generator(s)).tolist()) for s in torch_seeds}
+    assert len(streams) == len(SEEDS)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64])
+def test_a_seed_outside_64_bits_is_refused_naming_seed(seed: int) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        SamplingParams(max_tokens=1, seed=seed)
+    assert refused.value.param == "seed" and refused.value.status == 400

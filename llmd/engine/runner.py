@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import torch
@@ -24,8 +24,32 @@ from llmd.engine import direct
 from llmd.engine.loader import DTYPES, load_model, logits_differ
 from llmd.engine.static import PrefillInput, StaticDecodeBatch, UnsupportedCache
 from llmd.engine.types import Request, SamplingParams
+from llmd.errors import EngineFailure
 
 log = logging.getLogger("llmd.engine")
+
+# Real logits are within a few hundred of zero. Clamped to this, penalties (at most 2 per
+# generated token) and the division by the smallest non-greedy temperature (1e-5) stay far
+# below float32's 3.4e38, so sampling arithmetic cannot overflow into inf or NaN.
+LOGIT_BOUND = 1e30
+UINT64 = (1 << 64) - 1
+
+
+class Sampler(Protocol):
+    """How the runner picks a token from one row of logits (`sample`, or a test's stand-in)."""
+
+    def __call__(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                 token_counts: torch.Tensor | None) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RowFailure:
+    """A row of a step that gave no token, and why: its request ends, the step's others go on."""
+
+    message: str
+
+
+Sampled = int | RowFailure  # one row's outcome of a step
 
 
 @dataclass(slots=True)
@@ -218,7 +242,8 @@ def shared_prefix_length(first: list[int], second: list[int]) -> int:
 class ModelRunner:
     """Owns the model; turns prompts and previous tokens into next tokens."""
 
-    def __init__(self, model_dir: str | Path, profile: Profile) -> None:
+    def __init__(self, model_dir: str | Path, profile: Profile, sampler: Sampler | None = None) -> None:
+        self.sampler = sampler  # None: `sample`, looked up when called
         self.threads = ThreadPlan.for_profile(profile)
         self._threads_in_use = 0
         self.profile = profile
@@ -261,12 +286,12 @@ class ModelRunner:
             return DecodeBatch()
 
     @torch.inference_mode()
-    def prefill(self, request: Request, upto: int | None = None) -> int | None:
+    def prefill(self, request: Request, upto: int | None = None) -> Sampled | None:
         """Run prompt tokens [request.prefilled, upto) into the request's own KV cache.
 
         `upto` defaults to the whole prompt. The chunk that completes the prompt samples
-        the first new token, moves the cache into the decode batch and returns the token;
-        an earlier chunk returns None.
+        the first new token, moves the cache into the decode batch and returns the token
+        (or why there is none); an earlier chunk returns None.
         """
         stop = len(request.prompt_ids) if upto is None else upto
         cache = self._prefilling.get(request.request_id)
@@ -283,7 +308,7 @@ class ModelRunner:
         del self._prefilling[request.request_id]
         return self._start_decoding(request, cache, out.logits[0, -1])
 
-    def prefill_many(self, chunks: list[tuple[Request, int]]) -> list[int | None]:
+    def prefill_many(self, chunks: list[tuple[Request, int]]) -> list[Sampled | None]:
         """Prefill several requests' chunks; returns each one's first token or None.
 
         Whole prompts with nothing cached yet go through the model together, left-padded into
@@ -301,7 +326,7 @@ class ModelRunner:
         ]
 
     @torch.inference_mode()
-    def _prefill_together(self, requests: list[Request]) -> dict[str, int]:
+    def _prefill_together(self, requests: list[Request]) -> dict[str, Sampled]:
         width = max(len(request.prompt_ids) for request in requests)
         ids = torch.zeros((len(requests), width), dtype=torch.long)
         mask = torch.zeros((len(requests), width), dtype=torch.long)
@@ -317,7 +342,7 @@ class ModelRunner:
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device), cache=cache, use_cache=True, logits_to_keep=1,
         )
-        tokens = {}
+        tokens: dict[str, Sampled] = {}
         for row, request in enumerate(requests):
             start = width - len(request.prompt_ids)
             own = new_cache(self.model.config)
@@ -329,18 +354,23 @@ class ModelRunner:
             tokens[request.request_id] = self._start_decoding(request, own, out.logits[row, -1])
         return tokens
 
-    def _start_decoding(self, request: Request, cache: DynamicCache, logits: torch.Tensor) -> int:
-        """A fully prefilled request: remember its prompt, join the batch, sample token one."""
-        self.prefix_cache.store(request.prompt_ids, cache)
+    def _start_decoding(self, request: Request, cache: DynamicCache, logits: torch.Tensor) -> Sampled:
+        """A fully prefilled request: sample token one, then remember its prompt and join the batch.
+
+        A request whose first token fails does neither: its cache may hold what broke its logits.
+        """
         state = SequenceState(
             generator=self._generator(request.params),
             token_counts=self._token_counts(request.params),
             last_token=-1,
             position=len(request.prompt_ids),
         )
-        self._sequences[request.request_id] = state
-        self._batch.join(request.request_id, cache)
-        return self._accept(state, request.params, logits)
+        token = self._accept(state, request.params, logits, usable_rows(logits.unsqueeze(0))[0])
+        if isinstance(token, int):
+            self.prefix_cache.store(request.prompt_ids, cache)
+            self._sequences[request.request_id] = state
+            self._batch.join(request.request_id, cache)
+        return token
 
     def reuse_prefix(self, request: Request) -> DynamicCache:
         """Start the request's cache, seeded with the longest cached prefix of its prompt.
@@ -355,29 +385,34 @@ class ModelRunner:
         return cache
 
     def first_token(self, request: Request) -> int:
-        """Prefill the whole (rest of the) prompt at once and return the first new token."""
+        """Prefill the whole (rest of the) prompt at once and return the first new token.
+
+        Raises `EngineFailure` when it cannot be sampled (outside the worker's step, where a
+        failed row is not isolated from anything).
+        """
         token = self.prefill(request)
         assert token is not None
-        return token
+        return token_or_raise(token)
 
     def step(
         self, decode: list[Request], chunks: list[tuple[Request, int]]
-    ) -> tuple[list[int], list[int | None]]:
+    ) -> tuple[list[Sampled], list[Sampled | None]]:
         """One engine step: a token for each of `decode`, then the prefill of `chunks`.
 
-        Returns `decode`'s tokens and, per chunk, the first token or None (as `prefill_many`).
+        Returns `decode`'s tokens and, per chunk, the first token or None (as `prefill_many`);
+        a row whose token could not be sampled gives a `RowFailure` and the others are unaffected.
         With `fused`, both halves go through the model as one pass: a step that prefilled a
         64-token chunk next to 7 decoding streams cost 25-27 ms as two passes on the small demo
         model, most of it the fixed cost of a pass (a 1-token prefill alone takes 8 ms).
         """
         if not (self.fused and decode and chunks):
-            return self.decode(decode), self.prefill_many(chunks)
+            return self._decode(decode), self.prefill_many(chunks)
         return self._fused_step(decode, chunks)
 
     @torch.inference_mode()
     def _fused_step(
         self, requests: list[Request], chunks: list[tuple[Request, int]]
-    ) -> tuple[list[int], list[int | None]]:
+    ) -> tuple[list[Sampled], list[Sampled | None]]:
         batch = self._batch
         assert isinstance(batch, StaticDecodeBatch)
         rows = batch.request_ids
@@ -395,7 +430,7 @@ class ModelRunner:
             [s.last_token for s in states], [s.position for s in states], inputs
         )
         tokens = self._accept_rows(rows, states, requests, logits)
-        firsts: list[int | None] = []
+        firsts: list[Sampled | None] = []
         for (request, stop), last in zip(chunks, chunk_logits, strict=True):
             request.prefilled = stop
             if not request.prefill_done:
@@ -471,12 +506,16 @@ class ModelRunner:
             state.position += 1
         return logits_differ(expected.float(), got.float())
 
-    @torch.inference_mode()
     def decode(self, requests: list[Request]) -> list[int]:
         """One batched forward pass over every prefilled request: one new token each.
 
         `requests` must be exactly the requests prefilled earlier and not yet released.
+        Raises `EngineFailure` when a row's token cannot be sampled (`step` isolates it instead).
         """
+        return [token_or_raise(token) for token in self._decode(requests)]
+
+    @torch.inference_mode()
+    def _decode(self, requests: list[Request]) -> list[Sampled]:
         if not requests:
             return []
         rows = self._batch.request_ids
@@ -491,13 +530,14 @@ class ModelRunner:
 
     def _accept_rows(
         self, rows: list[str], states: list[SequenceState], requests: list[Request], logits: torch.Tensor
-    ) -> list[int]:
+    ) -> list[Sampled]:
         """Sample each batch row's next token; returned in `requests` order."""
         by_id = {request.request_id: request for request in requests}
-        tokens: dict[str, int] = {}
+        usable = usable_rows(logits)
+        tokens: dict[str, Sampled] = {}
         for row, (request_id, state) in enumerate(zip(rows, states, strict=True)):
             state.position += 1
-            tokens[request_id] = self._accept(state, by_id[request_id].params, logits[row])
+            tokens[request_id] = self._accept(state, by_id[request_id].params, logits[row], usable[row])
         return [tokens[request.request_id] for request in requests]
 
     def _dynamic_step(self, batch: DecodeBatch, states: list[SequenceState]) -> torch.Tensor:
@@ -554,8 +594,16 @@ class ModelRunner:
             torch.set_num_threads(wanted)
             self._threads_in_use = wanted
 
-    def _accept(self, state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> int:
-        token = sample(logits, params, state.generator, state.token_counts)
+    def _accept(self, state: SequenceState, params: SamplingParams, logits: torch.Tensor,
+                usable: bool) -> Sampled:
+        """Sample one row and advance its state; a row that cannot be sampled fails alone."""
+        if not usable:
+            return RowFailure("the model's logits for this request are not finite")
+        try:
+            token = (self.sampler or sample)(logits, params, state.generator, state.token_counts)
+        except Exception as exc:  # one request's sampling must not end the step's other rows
+            log.exception("sampling one request failed")
+            return RowFailure(f"{type(exc).__name__} while sampling: {exc}")
         if state.token_counts is not None:
             state.token_counts[token] += 1
         state.last_token = token
@@ -564,8 +612,8 @@ class ModelRunner:
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:
             return None
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        return torch.Generator(device=self.device).manual_seed(seed % (1 << 63))
+        seed = params.seed if params.seed is not None else secrets.randbits(64)
+        return torch.Generator(device=self.device).manual_seed(generator_seed(seed))
 
     def _token_counts(self, params: SamplingParams) -> torch.Tensor | None:
         if not params.penalized:
@@ -626,8 +674,8 @@ def sample(
     generator: torch.Generator | None,
     token_counts: torch.Tensor | None,
 ) -> int:
-    """Pick the next token from one row of logits under `params`."""
-    logits = logits.float()
+    """Pick the next token from one row of (usable, see `usable_rows`) logits under `params`."""
+    logits = logits.float().clamp(-LOGIT_BOUND, LOGIT_BOUND)
     if token_counts is not None:
         logits = apply_penalties(logits, token_counts, params)
     if params.greedy:
@@ -639,6 +687,32 @@ def sample(
         logits = keep_top_p(logits, params.top_p)
     probs = torch.softmax(logits, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def generator_seed(seed: int) -> int:
+    """The torch seed for a request's seed in [0, 2**64): a bijection (splitmix64's output
+    function) that carries every bit into the low 32, the only ones the CPU generator uses
+    (mt19937: 0, 2**32 and 2**63 give one stream); CUDA's Philox uses all 64. Taken raw or
+    reduced, seeds that differ only above bit 31 sampled the same tokens on the CPU."""
+    z = (seed + 0x9E3779B97F4A7C15) & UINT64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & UINT64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & UINT64
+    return z ^ (z >> 31)
+
+
+def usable_rows(logits: torch.Tensor) -> list[bool]:
+    """Per row of a (rows, vocab) tensor: can a token be sampled from it? No NaN, no +inf, and
+    some finite logit (-inf is how a model masks a token out): exactly when the row's max is
+    finite, as max propagates NaN. One reduction and one device sync for all rows (8 x 32k on
+    the CPU: 82 us, a sixth of their greedy argmaxes; elementwise isfinite checks took 4 ms)."""
+    return [bool(ok) for ok in torch.isfinite(logits.amax(dim=-1)).tolist()]
+
+
+def token_or_raise(token: Sampled) -> int:
+    """The token, or the row's failure raised as an `EngineFailure`."""
+    if isinstance(token, RowFailure):
+        raise EngineFailure(f"generation failed: {token.message}")
+    return token
 
 
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -660,6 +734,7 @@ def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
     # A token is dropped when the tokens before it already reach top_p; the first always stays.
     drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop_sorted[0] = False  # also when top_p rounds to 0 in float32 (below ~7e-46)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 

@@ -6,6 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from llmd.errors import InvalidRequest
+
 
 class RequestStatus(enum.Enum):
     """Where a request is in its life; exactly one state at a time."""
@@ -23,9 +25,18 @@ class FinishReason(enum.Enum):
     LENGTH = "length"
 
 
+# Below this temperature sampling is argmax (vLLM's floor too): dividing logits by a smaller
+# one only overflows float32 (1e-38 did, into a NaN softmax) and picks the argmax anyway.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound a wire int that high)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """Per-request sampling; `temperature == 0` means greedy."""
+    """Per-request sampling; a temperature below `GREEDY_BELOW_TEMPERATURE` (0, say) means greedy.
+
+    Raises `InvalidRequest` naming `seed` for a seed outside the unsigned 64-bit range.
+    """
 
     max_tokens: int
     temperature: float = 1.0
@@ -36,10 +47,15 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise InvalidRequest(f"`seed` must be an integer from 0 to 2**64 - 1, got {self.seed}",
+                                 param="seed")
+
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to argmax."""
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
     @property
     def penalized(self) -> bool:

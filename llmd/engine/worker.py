@@ -20,7 +20,7 @@ import torch
 from llmd.config import Profile
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.loader import attention_summary, sdpa_preference
-from llmd.engine.runner import ModelRunner
+from llmd.engine.runner import ModelRunner, RowFailure, Sampled
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
@@ -257,18 +257,25 @@ class EngineWorker:
         try:
             chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
             tokens, firsts = self.runner.step(plan.decode, chunks)
-        except Exception as exc:  # one failed step must not end the daemon
+        except Exception as exc:  # one failed forward pass must not end the daemon
             log.exception("engine step failed")
             self._fail(plan.decode + [chunk.request for chunk in plan.prefill], exc, events)
         else:
             for request, token in zip(plan.decode, tokens, strict=True):
-                events.append((request.request_id, self._advance(request, token)))
+                events.append((request.request_id, self._outcome(request, token)))
             for chunk, first in zip(plan.prefill, firsts, strict=True):
                 if first is not None:
-                    events.append((chunk.request.request_id, self._advance(chunk.request, first)))
+                    events.append((chunk.request.request_id, self._outcome(chunk.request, first)))
         self.heartbeat.step_finished()
         self.steps += 1
         self.hooks.deliver(events)
+
+    def _outcome(self, request: Request, token: Sampled) -> TokenEvent:
+        """The event of one row of a step: its token, or the error that ends this request alone."""
+        if isinstance(token, RowFailure):
+            log.error("request %s failed: %s", request.request_id, token.message)
+            return self._end_with_error(request, f"generation failed: {token.message}")
+        return self._advance(request, token)
 
     def _advance(self, request: Request, token: int) -> TokenEvent:
         request.output_ids.append(token)
@@ -295,11 +302,15 @@ class EngineWorker:
     def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"
         for request in requests:
-            self.scheduler.fail(request)
-            self._release(request.request_id)
-            events.append((request.request_id, TokenEvent("", len(request.output_ids), error=message)))
+            events.append((request.request_id, self._end_with_error(request, message)))
         if isinstance(exc, torch.OutOfMemoryError):
             log.error("out of memory: lower max_running or max_context in the profile")
+
+    def _end_with_error(self, request: Request, message: str) -> TokenEvent:
+        """End a request with a failure: out of the scheduler, its slot released, its error event."""
+        self.scheduler.fail(request)
+        self._release(request.request_id)
+        return TokenEvent("", len(request.output_ids), error=message)
 
     def _release(self, request_id: str) -> None:
         self._outputs.pop(request_id, None)
