@@ -156,6 +156,26 @@ def test_non_finite_model_output_fails_only_its_row_and_is_not_cached(tiny_model
     assert retry.prefilled < len(texts[STREAMS]), "the poisoned prompt's cache was stored"
 
 
+def test_a_failed_rows_keys_and_values_never_reach_the_next_owner_of_its_slot(tiny_model: Path) -> None:
+    """A row that failed may leave non-finite keys and values in its static slot. The next
+    owner's masked columns weigh 0 there, but 0 × NaN is NaN: the slot is zeroed when freed."""
+    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
+    texts = prompts(tiny_model, 3)  # longer with k
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    expected = alone(runner, texts[0], greedy, 8)
+    longest, doomed = Request("longest", texts[2], greedy), Request("doomed", texts[1], greedy)
+    runner.prefill_many([(r, len(r.prompt_ids)) for r in (longest, doomed)])
+    with torch.inference_mode():  # the batch's tensors are inference tensors
+        for keys, values in runner.kv_tensors("doomed"):
+            keys.fill_(float("nan"))
+            values.fill_(float("nan"))
+    runner.release("doomed", failed=True)
+    late = Request("late", texts[0], greedy)  # takes the freed slot, its window over the stale columns
+    tokens = runner.prefill_many([(late, len(late.prompt_ids))])
+    tokens += [runner.decode([longest, late])[1] for _ in range(7)]
+    assert tokens == expected
+
+
 def test_the_worker_ends_the_poisoned_request_and_streams_the_others(tiny_model: Path) -> None:
     texts = prompts(tiny_model, STREAMS + 1)
 

@@ -90,8 +90,9 @@ class DecodeBatch:
             sync_lengths(self.cache)
         self.request_ids.append(request_id)
 
-    def leave(self, request_id: str) -> None:
-        """Drop a request's row and any column left as padding in every row."""
+    def leave(self, request_id: str, *, scrub: bool = False) -> None:
+        """Drop a request's row and any column left as padding in every row (`scrub`: nothing
+        of the row stays behind anyway)."""
         row = self.request_ids.index(request_id)
         del self.request_ids[row]
         if not self.request_ids:
@@ -576,11 +577,14 @@ class ModelRunner:
         """
         return self._batch.row_views(request_id) or []
 
-    def release(self, request_id: str) -> None:
-        """Free the KV cache and sampling state of a finished or aborted request."""
+    def release(self, request_id: str, *, failed: bool = False) -> None:
+        """Free the KV cache and sampling state of a finished, aborted or `failed` request.
+
+        A failed request's keys and values may be non-finite: its slot is zeroed, not left stale.
+        """
         self._prefilling.pop(request_id, None)
         if self._sequences.pop(request_id, None) is not None:
-            self._batch.leave(request_id)
+            self._batch.leave(request_id, scrub=failed)
 
     @property
     def active_sequences(self) -> int:

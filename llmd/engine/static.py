@@ -110,13 +110,26 @@ class StaticDecodeBatch:
         self.mask[slot, start : self.column] = True
         self.owners[slot], self.lengths[slot] = request_id, length
 
-    def leave(self, request_id: str) -> None:
-        """Free the request's slot; its stale keys stay, masked, until the next owner's copy."""
+    def leave(self, request_id: str, *, scrub: bool = False) -> None:
+        """Free the request's slot; its stale keys stay, masked, until the next owner's copy.
+
+        `scrub` zeroes them instead, for a request that failed: masked columns get weight 0,
+        but 0 × NaN is NaN, so a non-finite key or value left behind would poison the slot's
+        next owner.
+        """
         if request_id not in self.owners:
             return  # its join failed
         slot = self.owners.index(request_id)
         self.owners[slot], self.lengths[slot] = None, 0
         self.mask[slot].zero_()
+        if scrub:
+            self._zero_slot(slot)
+
+    @torch.inference_mode()
+    def _zero_slot(self, slot: int) -> None:
+        for layer in self.layers:
+            layer.keys[slot].zero_()
+            layer.values[slot].zero_()
 
     def row_views(self, request_id: str) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """One request's keys and values without padding: views into the batch, valid until a step."""

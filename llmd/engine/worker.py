@@ -309,10 +309,10 @@ class EngineWorker:
     def _end_with_error(self, request: Request, message: str) -> TokenEvent:
         """End a request with a failure: out of the scheduler, its slot released, its error event."""
         self.scheduler.fail(request)
-        self._release(request.request_id)
+        self._release(request.request_id, failed=True)
         return TokenEvent("", len(request.output_ids), error=message)
 
-    def _release(self, request_id: str) -> None:
+    def _release(self, request_id: str, *, failed: bool = False) -> None:
         self._outputs.pop(request_id, None)
         if self.runner is not None:
-            self.runner.release(request_id)
+            self.runner.release(request_id, failed=failed)
