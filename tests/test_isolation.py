@@ -158,7 +158,7 @@ def test_non_finite_model_output_fails_only_its_row_and_is_not_cached(tiny_model
 
 def test_a_failed_rows_keys_and_values_never_reach_the_next_owner_of_its_slot(tiny_model: Path) -> None:
     """A row that failed may leave non-finite keys and values in its static slot. The next
-    owner's masked columns weigh 0 there, but 0 × NaN is NaN: the slot is zeroed when freed."""
+    owner's masked columns weigh 0 there, but 0 * NaN is NaN: the slot is zeroed when freed."""
     runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
     texts = prompts(tiny_model, 3)  # longer with k
     greedy = SamplingParams(max_tokens=8, temperature=0.0)

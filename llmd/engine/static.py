@@ -114,7 +114,7 @@ class StaticDecodeBatch:
         """Free the request's slot; its stale keys stay, masked, until the next owner's copy.
 
         `scrub` zeroes them instead, for a request that failed: masked columns get weight 0,
-        but 0 × NaN is NaN, so a non-finite key or value left behind would poison the slot's
+        but 0 * NaN is NaN, so a non-finite key or value left behind would poison the slot's
         next owner.
         """
         if request_id not in self.owners:
