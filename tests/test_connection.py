@@ -77,6 +77,8 @@ def read_to_close(sock: socket.socket) -> bytes:
 
 def split(response: bytes) -> tuple[str, dict[str, str], bytes]:
     """Status line, headers (lower-case names) and body of one raw HTTP response."""
+    while response.startswith(b"HTTP/1.1 1"):  # interim responses
+        response = response.partition(b"\r\n\r\n")[2]
     head, _, body = response.partition(b"\r\n\r\n")
     status, *lines = head.decode("latin-1").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines)

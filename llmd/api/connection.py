@@ -36,6 +36,7 @@ from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, R
 log = logging.getLogger("llmd.api")
 
 LINGER_SECONDS = 2.0  # how long a refused connection reads and drops input before it closes
+PROBE_SECONDS = 1.0  # between the two writes that tell a half-closed client from a gone one
 FD_RESERVE = 64  # descriptors kept for the model files, the log, the loop and the listener
 
 Phase = Literal["idle", "head", "body"]
@@ -139,11 +140,26 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout if self.phase == "head" else self.limits.body_timeout)
 
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's contract; uvicorn says None
-        """The client half-closed: finish the response to its whole request, then close."""
-        if self.lingering or self.phase != "idle" or self.cycle is None or self.cycle.response_complete:
+        """The client half-closed: finish the response to its whole request, then close.
+
+        A client that closed outright looks the same until we write, so a response not yet
+        started is probed with an interim `100 Continue` (HTTP/1.1 clients skip 1xx): a gone
+        client's kernel answers it with a reset, the second probe then fails, and the request
+        is aborted as before. HTTP/1.0 has no 1xx to probe with, so its EOF still means gone.
+        """
+        cycle = self.cycle
+        if self.lingering or self.phase != "idle" or cycle is None or cycle.response_complete or \
+                cycle.scope["http_version"] == "1.0":
             return False
-        self.cycle.keep_alive = False
+        cycle.keep_alive = False
+        if not cycle.response_started:
+            self._probe()
+            self.loop.call_later(PROBE_SECONDS, self._probe)
         return True  # keeps our sending side open
+
+    def _probe(self) -> None:
+        if not (self.cycle.response_started or self.transport.is_closing()):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def send_400_response(self, msg: str) -> None:
         if not self.lingering:  # else a refusal made inside a parser callback already answered
