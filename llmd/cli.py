@@ -234,6 +234,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     import uvicorn
 
     from llmd.api.app import create_app
+    from llmd.api.connection import connection_protocol
     from llmd.engine.client import EngineClient
 
     notifier = Notifier.from_environ()
@@ -260,6 +261,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        http=connection_protocol(settings),  # httptools with llmd's limits: see api/connection.py
     ))
 
     def report_phase(phase: str) -> None:  # loading, compiling, warming up; READY=1 says the rest

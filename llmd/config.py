@@ -90,6 +90,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Positive = 8 * 1024 * 1024
+    header_timeout: Annotated[float, Meta(gt=0)] = 10.0
+    body_timeout: Annotated[float, Meta(gt=0)] = 30.0
+    max_header_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    max_connections: Positive = 1024
     drain_timeout: Annotated[float, Meta(ge=0)] = 30.0
     stall_timeout: Annotated[float, Meta(gt=0)] = 120.0
     api_keys: tuple[str, ...] = ()

@@ -120,6 +120,22 @@ class UnsupportedMediaType(LlmdError):
     code = "unsupported_media_type"
 
 
+class RequestTimeout(LlmdError):
+    """The request head or body did not arrive in time; the connection closes (408)."""
+
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class HeaderTooLarge(LlmdError):
+    """The request line and headers exceed the configured limit; the connection closes (431)."""
+
+    status = 431
+    error_type = "invalid_request_error"
+    code = "request_header_too_large"
+
+
 class Overloaded(LlmdError):
     """The admission queue is full or the engine is not ready (503 + Retry-After)."""
 
