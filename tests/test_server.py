@@ -311,11 +311,16 @@ def test_queue_full_is_503_with_retry_after(tiny_model: Path, tmp_path: Path) ->
             opened = [s.__enter__() for s in streams]
             assert all(r.status_code == 200 for r in opened)
             refused = httpx.post(url, json=body, timeout=30)
-            for s in streams:
-                s.__exit__(None, None, None)
+            # The queued stream's client leaves: its place is freed while the other still runs
+            # (its response has started but writes nothing while it waits; the close is found out).
+            streams[1].__exit__(None, None, None)
+            wait_for(small, lambda stats: stats["waiting"] == 0 and stats["aborted"] == 1
+                     and stats["finished"] == 0)
+            streams[0].__exit__(None, None, None)
         assert refused.status_code == 503
         assert 1 <= int(refused.headers["retry-after"]) <= 120
         assert refused.json()["error"]["code"] == "queue_full"
+        wait_for(small, lambda stats: stats["running"] == 0 and stats["waiting"] == 0)  # the aborts land
         sdk = openai.OpenAI(base_url=small.base_url, api_key="x", max_retries=0)
         assert sdk.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2).choices
     finally:

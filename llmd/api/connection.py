@@ -142,24 +142,34 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's contract; uvicorn says None
         """The client half-closed: finish the response to its whole request, then close.
 
-        A client that closed outright looks the same until we write, so a response not yet
-        started is probed with an interim `100 Continue` (HTTP/1.1 clients skip 1xx): a gone
-        client's kernel answers it with a reset, the second probe then fails, and the request
-        is aborted as before. HTTP/1.0 has no 1xx to probe with, so its EOF still means gone.
+        A client that closed outright looks the same until we write, so the connection is
+        probed twice (`_probe`): a gone client's kernel answers the first write with a reset,
+        the second then fails, and the request is aborted as before. HTTP/1.0 has no 1xx to
+        probe with, so its EOF still means gone.
         """
         cycle = self.cycle
         if self.lingering or self.phase != "idle" or cycle is None or cycle.response_complete or \
                 cycle.scope["http_version"] == "1.0":
             return False
         cycle.keep_alive = False
-        if not cycle.response_started:
-            self._probe()
-            self.loop.call_later(PROBE_SECONDS, self._probe)
+        self._probe()
+        self.loop.call_later(PROBE_SECONDS, self._probe)
         return True  # keeps our sending side open
 
     def _probe(self) -> None:
-        if not (self.cycle.response_started or self.transport.is_closing()):
+        """Write something the client skips: a 1xx before the response, an SSE comment in a stream.
+
+        A stream that writes nothing for a while (one waiting in the queue) would otherwise
+        keep a gone client's place. llmd's only chunked bodies are SSE, where a `:` line is
+        a comment; it goes between the app's writes, each of which is whole events.
+        """
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or cycle.response_complete:
+            return
+        if not cycle.response_started:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        elif cycle.chunked_encoding:
+            self.transport.write(b"3\r\n:\n\n\r\n")
 
     def send_400_response(self, msg: str) -> None:
         if not self.lingering:  # else a refusal made inside a parser callback already answered
