@@ -116,14 +116,14 @@ def test_a_wedged_worker_stops_the_watchdog_pings(tiny_model: Path, systemd: Sys
         deliver=lambda events: None, on_ready=ready.set, on_fatal=lambda exc: None))
     worker.start()
     assert ready.wait(60) and worker.runner is not None
-    real_decode = worker.runner.decode
+    real_step = worker.runner.step
 
-    def stuck_decode(requests: list[Request]) -> list[int]:
+    def stuck_step(decode: list[Request], chunks: list[tuple[Request, int]]) -> tuple[list, list]:
         if wedge.is_set():
             release.wait(30)  # a hung kernel or a deadlock, as far as the daemon can tell
-        return real_decode(requests)
+        return real_step(decode, chunks)
 
-    worker.runner.decode = stuck_decode  # type: ignore[method-assign]
+    worker.runner.step = stuck_step  # type: ignore[method-assign]  # what the worker calls each step
     health = EngineHealth(worker.heartbeat, stall_seconds=0.5, alive=worker.alive)
     watchdog = Watchdog(Notifier(str(systemd.path)), interval=0.2, probe=health)
     watchdog.start()
