@@ -20,6 +20,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 READY_TIMEOUT = 120.0
 
+# Every daemon start_daemon made, so that one a failing test leaves behind is stopped when
+# that test ends instead of running on until its Popen is collected in some later test
+# (an unraisable "ResourceWarning: subprocess ... is still running" there).
+_started: list[Daemon] = []
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -77,6 +82,7 @@ def start_daemon(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     daemon = Daemon(process, port, log_path)
+    _started.append(daemon)
     if wait_ready:
         wait_until_ready(daemon)
     return daemon
@@ -96,6 +102,15 @@ def wait_until_ready(daemon: Daemon) -> None:
         time.sleep(0.1)
     daemon.stop()
     pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
+
+
+@pytest.fixture(autouse=True)
+def stop_daemons_left_running() -> Iterator[None]:
+    """Stop the daemons a test started and left running (it failed before its own stop)."""
+    before = len(_started)
+    yield
+    while len(_started) > before:
+        _started.pop().stop()
 
 
 @pytest.fixture(scope="session")
