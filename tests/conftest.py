@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -19,11 +20,6 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 READY_TIMEOUT = 120.0
-
-# Every daemon start_daemon made, so that one a failing test leaves behind is stopped when
-# that test ends instead of running on until its Popen is collected in some later test
-# (an unraisable "ResourceWarning: subprocess ... is still running" there).
-_started: list[Daemon] = []
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +78,6 @@ def start_daemon(
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     daemon = Daemon(process, port, log_path)
-    _started.append(daemon)
     if wait_ready:
         wait_until_ready(daemon)
     return daemon
@@ -106,11 +101,31 @@ def wait_until_ready(daemon: Daemon) -> None:
 
 @pytest.fixture(autouse=True)
 def stop_daemons_left_running() -> Iterator[None]:
-    """Stop the daemons a test started and left running (it failed before its own stop)."""
-    before = len(_started)
+    """Stop any `llmd serve` a test started and left running (it failed before its own stop).
+
+    Otherwise it serves on until its Popen is collected in some later test, where the
+    "ResourceWarning: subprocess ... is still running" surfaces as an unraisable error.
+    Child processes are compared, not Daemon objects: tests import this module both as
+    `conftest` and as `tests.conftest`. Fixtures of wider scope start before this one.
+    """
+    before = {child.pid for child in psutil.Process().children()}
     yield
-    while len(_started) > before:
-        _started.pop().stop()
+    for child in psutil.Process().children():
+        if child.pid not in before and is_llmd_serve(child):
+            child.terminate()
+            try:
+                child.wait(20)
+            except psutil.TimeoutExpired:
+                child.kill()
+                child.wait(20)
+
+
+def is_llmd_serve(process: psutil.Process) -> bool:
+    try:
+        command = process.cmdline()
+    except psutil.Error:
+        return False
+    return "llmd.cli" in command and "serve" in command
 
 
 @pytest.fixture(scope="session")

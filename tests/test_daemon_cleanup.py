@@ -16,11 +16,11 @@ FAILING_TEST = '''
 import os
 from pathlib import Path
 
-from conftest import start_daemon
+from tests.conftest import start_daemon  # as the suite's tests import it
 
 
 def test_fails_with_its_daemon_up(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, "--model", os.environ["SOAK_MODEL"])
+    daemon = start_daemon(tmp_path, "--model", os.environ["SOAK_MODEL"], wait_ready=False)
     Path(os.environ["SOAK_PID_FILE"]).write_text(str(daemon.process.pid))
     raise AssertionError("fails before it stops its daemon")
 '''
@@ -37,12 +37,12 @@ def test_a_test_that_fails_before_stopping_its_daemon_leaves_none_running(
     tiny_model: Path, tmp_path: Path
 ) -> None:
     suite = tmp_path / "suite"
-    suite.mkdir()
-    shutil.copy(TESTS / "conftest.py", suite / "conftest.py")
-    (suite / "test_leaves_a_daemon.py").write_text(FAILING_TEST)
+    (suite / "tests").mkdir(parents=True)
+    shutil.copy(TESTS / "conftest.py", suite / "tests" / "conftest.py")
+    (suite / "tests" / "test_leaves_a_daemon.py").write_text(FAILING_TEST)
     pid_file = tmp_path / "pid"
     env = os.environ | {"SOAK_MODEL": str(tiny_model), "SOAK_PID_FILE": str(pid_file),
-                        "PYTHONPATH": str(TESTS.parent)}
+                        "PYTHONPATH": f"{suite}{os.pathsep}{TESTS.parent}"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],
                             capture_output=True, text=True, timeout=600, cwd=suite, env=env)
     pid = int(pid_file.read_text())
