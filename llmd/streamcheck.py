@@ -32,6 +32,7 @@ class StreamCheck:
     verdict: StreamVerdict
     finish_reason: str | None = None
     error_code: str | None = None
+    error_type: str | None = None  # `server_error` is the streamed twin of a 5xx
     problem: str = ""
 
     @property
@@ -73,7 +74,8 @@ def _check_payloads(payloads: list[Any]) -> StreamCheck:
         if _is_error(payload):
             if index != len(payloads) - 1:
                 return _garbled("an error event is not the last before [DONE]")
-            return StreamCheck(StreamVerdict.WHOLE, error_code=str(payload["error"].get("code")))
+            code, kind = payload["error"]["code"], payload["error"]["type"]
+            return StreamCheck(StreamVerdict.WHOLE, error_code=str(code), error_type=str(kind))
         if not _is_chunk(payload):
             return _garbled(f"event {index} is neither a chunk nor an error: {str(payload)[:80]}")
         reason = _finish_reason(payload)

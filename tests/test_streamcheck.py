@@ -17,7 +17,8 @@ def chunk(content: str | None = "hi", finish: str | None = None, usage: bool = F
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-ERROR = b'data: {"error": {"message": "boom", "type": "server_error", "param": null, "code": "engine_error"}}\n\n'
+ERROR = (b'data: {"error": {"message": "boom", "type": "server_error", "param": null, '
+         b'"code": "engine_error"}}\n\n')
 
 
 @pytest.mark.parametrize(("body", "outcome"), [
@@ -55,6 +56,11 @@ def test_a_malformed_stream_is_garbled(body: bytes) -> None:
     check = check_stream(body)
     assert check.verdict is StreamVerdict.GARBLED
     assert check.problem
+
+
+def test_an_error_event_reports_its_type() -> None:
+    assert check_stream(chunk() + ERROR + DONE).error_type == "server_error"
+    assert check_stream(chunk(None, "stop") + DONE).error_type is None
 
 
 def test_error_bodies_must_have_the_openai_shape() -> None:
