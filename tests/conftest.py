@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -96,6 +97,35 @@ def wait_until_ready(daemon: Daemon) -> None:
         time.sleep(0.1)
     daemon.stop()
     pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
+
+
+@pytest.fixture(autouse=True)
+def stop_daemons_left_running() -> Iterator[None]:
+    """Stop any `llmd serve` a test started and left running (it failed before its own stop).
+
+    Otherwise it serves on until its Popen is collected in some later test, where the
+    "ResourceWarning: subprocess ... is still running" surfaces as an unraisable error.
+    Child processes are compared, not Daemon objects: tests import this module both as
+    `conftest` and as `tests.conftest`. Fixtures of wider scope start before this one.
+    """
+    before = {child.pid for child in psutil.Process().children()}
+    yield
+    for child in psutil.Process().children():
+        if child.pid not in before and is_llmd_serve(child):
+            child.terminate()
+            try:
+                child.wait(20)
+            except psutil.TimeoutExpired:
+                child.kill()
+                child.wait(20)
+
+
+def is_llmd_serve(process: psutil.Process) -> bool:
+    try:
+        command = process.cmdline()
+    except psutil.Error:
+        return False
+    return "llmd.cli" in command and "serve" in command
 
 
 @pytest.fixture(scope="session")
