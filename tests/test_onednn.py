@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,16 @@ def test_with_packed_weights_a_lone_stream_decodes_on_every_core(monkeypatch: py
     assert (plain.for_rows(1), plain.for_rows(8)) == (3, 4)
     assert (pinned.for_rows(1), pinned.for_rows(8)) == (3, 3)
     assert ThreadPlan.for_profile(replace(CPU, device="cuda", onednn_linear=False)) is None
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "64"), ("300", "300")])
+def test_both_primitive_caches_are_capped_unless_the_user_set_them(preset: str | None, expected: str) -> None:
+    """Each new GEMM shape (prompt length) is a cached ~1 MiB oneDNN primitive: uncapped, memory
+    grows with varied traffic. Checked in a fresh interpreter, as `llmd serve` starts."""
+    names = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    if preset is not None:
+        env |= dict.fromkeys(names, preset)
+    code = f"import os, llmd.engine.onednn; print(*(os.environ[n] for n in {names!r}))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [expected, expected]

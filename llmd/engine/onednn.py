@@ -16,11 +16,22 @@ never a weight that another module shares (a tied output head keeps serving the 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
 log = logging.getLogger("llmd.engine")
+
+# oneDNN keeps a compiled primitive (~1 MiB each on the demo model) per GEMM shape in two
+# caches of 1024 entries by default, and every new prompt length is a new shape: RSS grew
+# ~12 KiB per request with no plateau in sight over 25,000 varied requests. Capping both
+# bounds it; the shapes a step uses (rows 1..max_running per weight) stay hot. Both are read
+# at the first primitive, so setting them when this module loads, before the model, is in
+# time; a value the user set wins.
+PRIMITIVE_CACHE_ENTRIES = "64"
+for _cache in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_cache, PRIMITIVE_CACHE_ENTRIES)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # The row count oneDNN picks the packed layout for; any row count runs on it.
