@@ -18,8 +18,9 @@ import yaml
 from msgspec import Meta
 
 from llmd.errors import ConfigError
+from llmd.shipped import shipped_dir
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR = shipped_dir("profiles")
 
 Positive = Annotated[int, Meta(ge=1)]
 SdpaBackend = Literal["flash", "efficient", "cudnn", "math"]

@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "systemd"
+from llmd.shipped import shipped_dir
+
+SHIPPED_DIR = shipped_dir("systemd")
+PACKAGE_DIR = Path(__file__).resolve().parent  # where this llmd is installed (or checked out)
 UNIT_NAME = "llmd.service"
 SETTINGS_NAME = "llmd.yaml"
 
@@ -126,7 +129,7 @@ def plan_installation(root: Path, paths: ServicePaths, executable: Path,
         settings = (shipped / "llmd.example.yaml").read_text(encoding="utf-8")
     except OSError as exc:
         raise FileNotFoundError(f"cannot read the shipped unit or settings in {shipped}: {exc.strerror}; "
-                                "install llmd from its source tree (pip install -e .)") from exc
+                                "reinstall llmd (pip install .)") from exc
     return Installation(paths, under_root(root, paths.unit), render_unit(template, executable, paths),
                         under_root(root, paths.settings), settings)
 
@@ -177,7 +180,7 @@ def next_commands(user: bool) -> list[str]:
     return commands
 
 
-def warnings_for(paths: ServicePaths, executable: Path, source: Path = SHIPPED_DIR.parent) -> list[str]:
+def warnings_for(paths: ServicePaths, executable: Path, source: Path = PACKAGE_DIR) -> list[str]:
     """Problems the service would hit at start, found now: a missing entry point, a hidden path."""
     found = []
     if not executable.is_file():
