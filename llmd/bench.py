@@ -886,7 +886,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_async(main: Coroutine[Any, Any, BenchReport]) -> BenchReport:
     """On the daemon's event loop (uvloop where installed): less client CPU per event,
     which the server it measures would otherwise lose on a machine with few cores."""
-    from llmd.cli import event_loop_factory
+    from llmd.runtime import event_loop_factory
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(main)

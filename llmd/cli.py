@@ -34,6 +34,7 @@ from llmd.preflight import (
     plan_for_model,
     render_plan,
 )
+from llmd.runtime import configure_logging, event_loop_factory
 
 if TYPE_CHECKING:
     from llmd.engine.client import EngineClient
@@ -207,15 +208,6 @@ def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan:
         log.error("not loading %s: it does not fit (exit %d)\n%s", model_dir, EXIT_PREFLIGHT,
                   render_plan(plan))
     return plan
-
-
-def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (uvicorn[standard] brings it): less loop work per streamed token."""
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def resolve_model(settings: Settings) -> tuple[str, str]:
@@ -395,14 +387,6 @@ async def stop_on_engine_failure(engine: object, server: object) -> None:
     exc = await asyncio.shield(engine.failed)  # type: ignore[attr-defined]
     log.error("model failed to load: %s", exc)
     server.should_exit = True  # type: ignore[attr-defined]
-
-
-def configure_logging(level: str) -> None:
-    """Plain one-line records on stderr (journald adds its own timestamps)."""
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 if __name__ == "__main__":
