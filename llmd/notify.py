@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from llmd.engine.heartbeat import Clock, Heartbeat
+
 log = logging.getLogger("llmd.notify")
 
 # One engine step is milliseconds on a GPU; a long CPU prefill chunk or a recompile for a new
@@ -31,7 +33,6 @@ STATUS_SECONDS = 5.0
 # A blocked send (systemd not reading) must not hold up the event loop or the watchdog for long.
 SEND_TIMEOUT_SECONDS = 1.0
 
-Clock = Callable[[], float]
 HealthProbe = Callable[[], bool]
 
 
@@ -139,44 +140,6 @@ def watchdog_interval(environ: Mapping[str, str] | None = None, pid: int | None 
     if owner and owner != str(os.getpid() if pid is None else pid):
         return None
     return usec / 1_000_000
-
-
-class Heartbeat:
-    """The worker's pulse: when its current step began and when its last step ended.
-
-    One writer (the worker thread), any number of readers. Both stamps live in one tuple
-    that is replaced whole, so a reader never sees half an update; each call is one clock
-    read and one attribute store.
-    """
-
-    __slots__ = ("_clock", "_state")
-
-    def __init__(self, clock: Clock = time.monotonic) -> None:
-        self._clock = clock
-        self._state: tuple[float | None, float] = (None, clock())
-
-    def step_started(self) -> None:
-        """The worker begins a step (call right before touching the model)."""
-        self._state = (self._clock(), self._state[1])
-
-    def step_finished(self) -> None:
-        """The worker ended a step, successfully or not (call in a `finally`)."""
-        self._state = (None, self._clock())
-
-    @property
-    def busy_since(self) -> float | None:
-        """When the step in progress began; None while the worker is idle."""
-        return self._state[0]
-
-    @property
-    def last_step_finished(self) -> float:
-        """When the last step ended (creation time before the first one)."""
-        return self._state[1]
-
-    def busy_for(self) -> float:
-        """Seconds the step in progress has run so far; 0 while idle."""
-        busy_since = self._state[0]
-        return 0.0 if busy_since is None else self._clock() - busy_since
 
 
 class EngineHealth:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.types import EngineStats
 from llmd.notify import (
     EngineHealth,
-    Heartbeat,
     Notifier,
     ServingStatus,
     Watchdog,

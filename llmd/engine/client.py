@@ -19,10 +19,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from llmd.config import Profile
+from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
-from llmd.notify import Heartbeat
 
 if TYPE_CHECKING:
     from llmd.engine.tokenizer import ChatTokenizer

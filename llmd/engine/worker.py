@@ -19,12 +19,12 @@ import torch
 
 from llmd.config import Profile
 from llmd.engine.detokenizer import OutputText
+from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.loader import attention_summary, sdpa_preference
 from llmd.engine.runner import ModelRunner, RowFailure, Sampled
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
-from llmd.notify import Heartbeat
 
 log = logging.getLogger("llmd.engine")
 
