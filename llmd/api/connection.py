@@ -29,7 +29,7 @@ import msgspec
 from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from llmd.api.sse import error_body
+from llmd.api.errors import error_body
 from llmd.config import Settings
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 

@@ -7,7 +7,6 @@ import logging
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
-from llmd.api.sse import error_body
 from llmd.errors import (
     InvalidRequest,
     LlmdError,
@@ -15,9 +14,14 @@ from llmd.errors import (
     PayloadTooLarge,
     RouteNotFound,
 )
-from llmd.protocol import ErrorResponse
+from llmd.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger("llmd.api")
+
+
+def error_body(error: LlmdError) -> ErrorResponse:
+    """The OpenAI error object for `error`."""
+    return ErrorResponse(ErrorDetail(error.message, error.error_type, error.param, error.code))
 
 
 def render_llmd_error(request: Request, exc: LlmdError) -> Response[ErrorResponse]:

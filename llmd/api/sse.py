@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 from litestar.response import Stream
 
+from llmd.api.errors import error_body
 from llmd.errors import EngineFailure, LlmdError
-from llmd.protocol import ErrorDetail, ErrorResponse
 
 log = logging.getLogger("llmd.api")
 
@@ -35,11 +35,6 @@ ErrorCounter = Callable[[str], None]
 def event(payload: msgspec.Struct) -> bytes:
     """One SSE `data:` event carrying `payload` as JSON."""
     return b"data: " + _encoder.encode(payload) + b"\n\n"
-
-
-def error_body(error: LlmdError) -> ErrorResponse:
-    """The OpenAI error object for `error`."""
-    return ErrorResponse(ErrorDetail(error.message, error.error_type, error.param, error.code))
 
 
 async def frame(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter | None = None
