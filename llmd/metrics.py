@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from llmd.engine.types import EngineStats
+
 log = logging.getLogger("llmd.metrics")
 
 # Time to first token: queueing plus one prefill; tens of ms on a GPU, seconds for a long
@@ -35,22 +37,6 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 # `llmd_requests_total{finish_reason}`: stop and length as OpenAI names them, `disconnected` when
 # the client left first, `error` when the engine failed the request. Created at zero up front.
 FINISH_REASONS = ("stop", "length", "disconnected", "error")
-
-
-class EngineStatsLike(Protocol):
-    """The part of `EngineStats` the scrape-time gauges read."""
-
-    @property
-    def running(self) -> int: ...
-
-    @property
-    def waiting(self) -> int: ...
-
-    @property
-    def prefix_hits(self) -> int: ...
-
-    @property
-    def prefix_tokens_reused(self) -> int: ...
 
 
 class ClosedStream(Protocol):
@@ -78,7 +64,7 @@ class ClosedStream(Protocol):
     def outcome(self) -> str: ...
 
 
-EngineStatsSource = Callable[[], EngineStatsLike]
+EngineStatsSource = Callable[[], EngineStats]
 # (used_bytes, total_bytes) of the serving GPU, or None when there is none (CPU profile). It runs on
 # the scrape's thread: read host-side numbers (torch.cuda.memory_reserved(), a total noted at load),
 # never a call that waits on the device.
@@ -205,7 +191,7 @@ class EngineCollector:
         """Current values; a failing source is logged and skipped, never fails the scrape."""
         return list(self._families(self._read(self.engine_stats), self._read(self.gpu_memory)))
 
-    def _families(self, stats: EngineStatsLike | None, memory: tuple[int, int] | None) -> Iterator[Metric]:
+    def _families(self, stats: EngineStats | None, memory: tuple[int, int] | None) -> Iterator[Metric]:
         yield _gauge("llmd_requests_running", "Requests the engine is prefilling or decoding now.",
                      stats.running if stats else None)
         yield _gauge("llmd_requests_waiting", "Requests admitted and waiting for a running slot.",

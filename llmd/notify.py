@@ -20,9 +20,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from llmd.engine.heartbeat import Clock, Heartbeat
+from llmd.engine.types import EngineStats
 
 log = logging.getLogger("llmd.notify")
 
@@ -243,19 +243,6 @@ class Watchdog:
             return False
 
 
-class StatsLike(Protocol):
-    """The part of `EngineStats` a status line reads."""
-
-    @property
-    def running(self) -> int: ...
-
-    @property
-    def waiting(self) -> int: ...
-
-    @property
-    def generated_tokens(self) -> int: ...
-
-
 def engine_status(running: int, waiting: int, tokens_per_second: float, phase: str = "serving") -> str:
     """`serving: 2 running, 0 waiting, 143.2 tok/s` (phase `draining` during shutdown)."""
     return f"{phase}: {running} running, {waiting} waiting, {tokens_per_second:.1f} tok/s"
@@ -264,7 +251,7 @@ def engine_status(running: int, waiting: int, tokens_per_second: float, phase: s
 class ServingStatus:
     """Status lines from successive stats snapshots; tok/s is measured since the previous line."""
 
-    def __init__(self, stats: Callable[[], StatsLike], phase: str = "serving",
+    def __init__(self, stats: Callable[[], EngineStats], phase: str = "serving",
                  clock: Clock = time.monotonic) -> None:
         self.stats = stats
         self.phase = phase
