@@ -35,6 +35,7 @@ from llmd.preflight import (
     render_plan,
 )
 from llmd.runtime import configure_logging, event_loop_factory
+from llmd.units import mib
 
 if TYPE_CHECKING:
     from llmd.engine.client import EngineClient
@@ -290,8 +291,8 @@ async def announce_ready(
         await asyncio.sleep(0.05)
     load, warmup = engine.startup_seconds
     planned, measured = plan.weight_bytes, engine.device_bytes
-    log.info("memory: weights planned %.1f MiB, on the device after loading %.1f MiB (%+.1f %%)",
-             planned / 2**20, measured / 2**20, (measured - planned) / planned * 100 if planned else 0.0)
+    log.info("memory: weights planned %s, on the device after loading %s (%+.1f %%)",
+             mib(planned), mib(measured), (measured - planned) / planned * 100 if planned else 0.0)
     metrics.set_startup(load, warmup)
     notifier.ready(f"ready: model loaded in {load:.1f} s, warmed up in {warmup:.1f} s")
     if watchdog is not None:

@@ -25,8 +25,7 @@ from msgspec.structs import replace
 
 from llmd.config import Profile, load_profile, parse_size
 from llmd.errors import ConfigError, DeviceUnavailable
-
-KiB, MiB, GiB = 2**10, 2**20, 2**30
+from llmd.units import GiB, MiB, bytes_text, count_text, short_bytes_text
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -373,11 +372,11 @@ def plan_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) -
 
 def _weights_item(shape: ModelShape, profile: Profile) -> PlanItem:
     if profile.quantization == "none":
-        note = f"{profile.dtype}, {_count(shape.params)} params"
+        note = f"{profile.dtype}, {count_text(shape.params)} params"
     else:
         quantized = "nf4 + double quant" if profile.double_quant else "nf4"
-        note = (f"{quantized} ({nf4_bits(profile):.2f} bits) for {_count(shape.linear_params)} linear "
-                f"params, {profile.dtype} for {_count(shape.params - shape.linear_params)}")
+        note = (f"{quantized} ({nf4_bits(profile):.2f} bits) for {count_text(shape.linear_params)} linear "
+                f"params, {profile.dtype} for {count_text(shape.params - shape.linear_params)}")
     return PlanItem("weights", weight_bytes(shape, profile), note)
 
 
@@ -387,16 +386,17 @@ def _kv_items(shape: ModelShape, profile: Profile) -> list[PlanItem]:
     running = profile.max_running
     return [
         PlanItem("kv cache", per_token * context * running,
-                 f"{_short_size(per_token)}/token × {context} tokens × {running} running"),
+                 f"{short_bytes_text(per_token)}/token × {context} tokens × {running} running"),
         PlanItem("prefix cache", per_token * profile.prefix_cache_tokens,
-                 f"{_short_size(per_token)}/token × {profile.prefix_cache_tokens} tokens kept for reuse"),
+                 f"{short_bytes_text(per_token)}/token × {profile.prefix_cache_tokens} tokens kept "
+                 "for reuse"),
     ]
 
 
 def _workspace_item(shape: ModelShape, profile: Profile) -> PlanItem:
     note = f"{prefill_tokens(profile)}-token prefill step"
     if profile.quantization == "nf4":
-        note += f" + one dequantized weight ({_count(shape.largest_linear_params)} params)"
+        note += f" + one dequantized weight ({count_text(shape.largest_linear_params)} params)"
     return PlanItem("prefill workspace", workspace_bytes(shape, profile), note)
 
 
@@ -417,7 +417,7 @@ def _cuda_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) 
         context = effective_context(shape, profile)
         scores = profile.max_running * shape.heads * context * 4
         items.append(PlanItem("cuda graph pool", CUDA_GRAPH_POOL_BYTES + scores,
-                              f"reduce-overhead decode step: {_short_size(CUDA_GRAPH_POOL_BYTES)} + "
+                              f"reduce-overhead decode step: {short_bytes_text(CUDA_GRAPH_POOL_BYTES)} + "
                               f"float32 scores over {context} tokens × {profile.max_running} running"))
     return items
 
@@ -625,12 +625,14 @@ def detect_hardware() -> HardwareFacts:
 def choose_profile(facts: HardwareFacts) -> tuple[str, str]:
     """The shipped profile for this hardware, and why, in words for the log."""
     if facts.cuda_total_bytes is not None:
-        card = f"{facts.cuda_name or 'CUDA device'} with {_size(facts.cuda_total_bytes)}"
+        card = f"{facts.cuda_name or 'CUDA device'} with {bytes_text(facts.cuda_total_bytes)}"
         if facts.cuda_total_bytes >= AUTO_24GB_MIN:
-            return "24gb-bf16-compile", f"{card} (≥ {_size(AUTO_24GB_MIN)}): 16-bit weights, compiled decode"
+            return "24gb-bf16-compile", (f"{card} (≥ {bytes_text(AUTO_24GB_MIN)}): 16-bit weights, "
+                                         "compiled decode")
         if facts.cuda_total_bytes >= AUTO_12GB_MIN:
-            return "12gb-4bit", f"{card} (≥ {_size(AUTO_12GB_MIN)}, < {_size(AUTO_24GB_MIN)}): 4-bit weights"
-        return "12gb-4bit", (f"{card}, below {_size(AUTO_12GB_MIN)}: the smallest GPU profile; the "
+            above, below = bytes_text(AUTO_12GB_MIN), bytes_text(AUTO_24GB_MIN)
+            return "12gb-4bit", f"{card} (≥ {above}, < {below}): 4-bit weights"
+        return "12gb-4bit", (f"{card}, below {bytes_text(AUTO_12GB_MIN)}: the smallest GPU profile; the "
                              "memory plan will say whether it fits and what to lower")
     if facts.cpu_bf16:
         return "cpu-bf16", "no CUDA device; the CPU has native bfloat16 (AVX512-BF16/AMX)"
@@ -642,7 +644,7 @@ def measure_budget(profile: Profile) -> MemoryBudget:
     if profile.device == "cpu":
         return MemoryBudget(psutil.virtual_memory().available, "available RAM now")
     free, total = _cuda_free_memory(profile)
-    return MemoryBudget(free, f"measured free now, of {_size(total)} on the card")
+    return MemoryBudget(free, f"measured free now, of {bytes_text(total)} on the card")
 
 
 def _cuda_free_memory(profile: Profile) -> tuple[int, int]:
@@ -676,8 +678,8 @@ def render_plan(plan: MemoryPlan) -> str:
     """The plan as a plain-text table: one line per item, the total, the budget and the verdict."""
     rows = [*plan.items, PlanItem("total", plan.needed, ""),
             PlanItem("available", plan.budget.bytes, plan.budget.source)]
-    width = max(len(_size(item.bytes)) for item in rows)
-    table = [f"  {item.name:<18}{_size(item.bytes):>{width}}  {item.note}".rstrip() for item in rows]
+    width = max(len(bytes_text(item.bytes)) for item in rows)
+    table = [f"  {item.name:<18}{bytes_text(item.bytes):>{width}}  {item.note}".rstrip() for item in rows]
     return "\n".join([*_header_lines(plan), "", *table, "", *_verdict_lines(plan)])
 
 
@@ -689,7 +691,7 @@ def _header_lines(plan: MemoryPlan) -> list[str]:
                     f"max_position_embeddings {shape.max_position_embeddings})")
     return [
         f"memory plan: {plan.model} with profile {profile.name} ({_profile_summary(profile)})",
-        f"  model     {_count(shape.params)} params (from {shape.counted_from}), {shape.layers} layers, "
+        f"  model     {count_text(shape.params)} params (from {shape.counted_from}), {shape.layers} layers, "
         f"hidden {shape.hidden_size}, {shape.heads} heads, {shape.kv_heads} kv heads × {shape.head_dim}",
         f"  context   {context}",
     ]
@@ -709,8 +711,8 @@ def _verdict_lines(plan: MemoryPlan) -> list[str]:
     room = (f"room for {plan.requests_at_context} requests at {plan.context} tokens "
             f"(max_running is {plan.profile.max_running})")
     if plan.fixes is None:
-        return [room, f"FITS: {_size(plan.budget.bytes - plan.needed)} to spare"]
-    short = _size(plan.needed - plan.budget.bytes)
+        return [room, f"FITS: {bytes_text(plan.budget.bytes - plan.needed)} to spare"]
+    short = bytes_text(plan.needed - plan.budget.bytes)
     return [room, f"DOES NOT FIT: {short} short. Each of these fixes it on its own, "
                   "unless it says otherwise:", *_fix_lines(plan, plan.fixes)]
 
@@ -729,40 +731,18 @@ def _fix_lines(plan: MemoryPlan, fixes: Fixes) -> list[str]:
         lines.append(_four_bit_line(plan, fixes.four_bit))
     where = "a card with" if profile.device == "cuda" else "a machine with"
     lines.append(_fix_line(f"{where} at least {math.ceil(fixes.memory_needed / GiB)} GiB",
-                           f"this plan needs {_size(fixes.memory_needed)} in all"))
+                           f"this plan needs {bytes_text(fixes.memory_needed)} in all"))
     return lines
 
 
 def _four_bit_line(plan: MemoryPlan, option: FourBitOption) -> str:
     verdict = "fits" if option.fits else "does not fit either"
-    weights = _size(plan.weight_bytes)
-    return _fix_line(option.change, f"NF4 weights {_size(option.weights)} instead of {weights}; "
-                                    f"needs {_size(option.needed)} in all: {verdict}")
+    weights = bytes_text(plan.weight_bytes)
+    return _fix_line(option.change, f"NF4 weights {bytes_text(option.weights)} instead of {weights}; "
+                                    f"needs {bytes_text(option.needed)} in all: {verdict}")
 
 
 def _fix_line(change: str, note: str) -> str:
     return f"  {change:<28} {note}"
 
 
-def _size(count: int) -> str:
-    """Bytes in GiB, MiB or KiB, whichever reads best."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(count) >= scale:
-            return f"{count / scale:.2f} {unit}"
-    return f"{count} B"
-
-
-def _short_size(count: int) -> str:
-    """Bytes in the largest unit, without trailing zeros: 128 KiB, 1.5 GiB."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if abs(count) >= scale:
-            return f"{count / scale:.4g} {unit}"
-    return f"{count} B"
-
-
-def _count(params: int) -> str:
-    """A parameter count the way model cards write it: 8.03 B, 25.2 M."""
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
-        if params >= scale:
-            return f"{params / scale:.2f} {unit}"
-    return str(params)

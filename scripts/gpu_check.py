@@ -32,6 +32,7 @@ from llmd.engine.runner import ModelRunner
 from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
 from llmd.preflight import plan_for_model
+from llmd.units import GiB, mib
 
 SHAPES: dict[str, dict[str, Any]] = {
     "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
@@ -44,7 +45,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 CARDS = {"24gb-bf16-compile": "24GiB", "12gb-4bit": "12GiB"}
 TOO_SMALL = "8GiB"
 PROMPT_TOKENS, NEW_TOKENS = 128, 128
-GiB = 2**30
 
 
 def build_model(directory: Path, shape: str, device: str) -> None:
@@ -164,7 +164,7 @@ def eager_speed(eager: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     def gib(value: float) -> str:
-        return f"{value / GiB:.2f}" if value >= GiB / 10 else f"{value / 2**20:.1f} MiB"
+        return f"{value / GiB:.2f}" if value >= GiB / 10 else mib(int(value))
 
     lines = ["| profile | card plan (needed GiB, fits, requests at full context) | refused at 8 GiB "
              "(suggested max_context) | planned weights GiB | measured weights GiB | after warm-up "

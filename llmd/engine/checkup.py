@@ -15,6 +15,7 @@ from llmd.engine.loader import Check, LoadReport, sdpa_preference, tuning_checkl
 from llmd.engine.runner import ModelRunner
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
+from llmd.units import mib
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,20 +49,18 @@ def run_checkup(model_dir: str | Path, profile: Profile) -> Checkup:
 
 def render_checkup(checkup: Checkup, planned_weights: int, planned_kv_per_token: int) -> str:
     """The measurement beside the plan, then one line per check with its fix when it failed."""
-    def mib(count: int) -> str:
-        return f"{count / 2**20:.2f} MiB"
-
     def off(measured: int, planned: int) -> str:
         return f"{(measured - planned) / planned * 100:+.1f} %" if planned else "-"
 
     load, kv = checkup.load, checkup.kv_bytes_per_token
     lines = [
         f"measured after loading on {load.device} ({load.seconds:.1f} s):",
-        f"  weights        planned {mib(planned_weights):>14}  measured {mib(load.weight_bytes):>14}  "
+        f"  weights        planned {mib(planned_weights, 2):>14}  measured {mib(load.weight_bytes, 2):>14}  "
         f"{off(load.weight_bytes, planned_weights)}",
         f"  kv per token   planned {planned_kv_per_token / 1024:>10.2f} KiB  measured "
         f"{kv / 1024:>10.2f} KiB  {off(kv, planned_kv_per_token)}",
-        f"  on the device  {mib(load.device_bytes)}; process memory grew by {mib(load.rss_growth_bytes)}",
+        f"  on the device  {mib(load.device_bytes, 2)}; process memory grew by "
+        f"{mib(load.rss_growth_bytes, 2)}",
         "",
         "tuning checklist:",
     ]

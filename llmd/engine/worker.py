@@ -25,6 +25,7 @@ from llmd.engine.runner import ModelRunner, RowFailure, Sampled
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
+from llmd.units import mib
 
 log = logging.getLogger("llmd.engine")
 
@@ -152,9 +153,8 @@ class EngineWorker:
         if threads is not None:
             detail = f"; {threads.lone_decode} threads for one stream, {threads.compute} otherwise"
         report = self.runner.load_report
-        log.info("model loaded in %.2f s on %s: %.1f MiB of weights, %.1f MiB on the device%s",
-                 report.seconds, report.device, report.weight_bytes / 2**20, report.device_bytes / 2**20,
-                 detail)
+        log.info("model loaded in %.2f s on %s: %s of weights, %s on the device%s",
+                 report.seconds, report.device, mib(report.weight_bytes), mib(report.device_bytes), detail)
         self.load_seconds = report.seconds
         if report.prepack is not None:
             log.info("linear layers: %s", report.prepack.summary())
