@@ -19,6 +19,7 @@ from msgspec import Meta
 
 from llmd.errors import ConfigError
 from llmd.shipped import shipped_dir
+from llmd.validation import split_validation_error
 
 PROFILES_DIR = shipped_dir("profiles")
 
@@ -255,7 +256,8 @@ def _convert(values: dict[str, Any], kind: type[T], source: str) -> T:
     try:
         return msgspec.convert(values, kind)
     except msgspec.ValidationError as exc:
-        key, problem = _split_validation_error(str(exc))
+        path, problem = split_validation_error(str(exc))
+        key = path or "?"
         if problem.startswith("Invalid enum value"):
             choices = _choices(kind, key.split("[")[0])
             problem += f"; choose one of: {', '.join(choices)}" if choices else ""
@@ -279,10 +281,3 @@ def _choices(kind: type[msgspec.Struct], field: str) -> list[str]:
         hint = args[0] if args else None
     return [str(choice) for choice in typing.get_args(hint)] if hint is not None else []
 
-
-def _split_validation_error(message: str) -> tuple[str, str]:
-    """Turn msgspec's "Expected `int`, got `str` - at `$.port`" into ("port", "Expected ...")."""
-    match = re.match(r"(?P<problem>.*) - at `\$\.?(?P<path>[^`]*)`$", message)
-    if match is None:
-        return "?", message
-    return match["path"] or "?", match["problem"]

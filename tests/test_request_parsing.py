@@ -8,6 +8,7 @@ import pytest
 
 from llmd.api.chat import parse_body, requested_max_tokens, to_sampling_params, to_template_messages
 from llmd.errors import InvalidRequest, UnsupportedParameter
+from llmd.validation import split_validation_error
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -89,3 +90,14 @@ def test_a_null_text_part_names_the_text_not_the_type() -> None:
         to_template_messages(parsed.messages)
     assert err.value.param == "messages[0].content[1].text" and "must be a string" in err.value.message
     assert not isinstance(err.value, UnsupportedParameter)
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ("Expected `int`, got `str` - at `$.port`", ("port", "Expected `int`, got `str`")),
+    ("Object contains unknown field `x` - at `$.messages[0]`",
+     ("messages[0]", "Object contains unknown field `x`")),
+    ("Expected `object`, got `array`", ("", "Expected `object`, got `array`")),
+    ("Expected `object`, got `array` - at `$`", ("", "Expected `object`, got `array`")),
+])
+def test_msgspec_messages_split_into_where_and_what(message: str, expected: tuple[str, str]) -> None:
+    assert split_validation_error(message) == expected

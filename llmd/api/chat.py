@@ -30,6 +30,7 @@ from llmd.protocol import (
     Delta,
     Usage,
 )
+from llmd.validation import split_validation_error
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 
@@ -76,8 +77,7 @@ def parse_body(raw: bytes) -> ChatCompletionRequest:
 
 def validation_error(message: str) -> InvalidRequest:
     """Turn a msgspec validation message into a 400 that names the param."""
-    text, _, where = message.partition(" - at `$")
-    path = where.rstrip("`").lstrip(".")
+    path, text = split_validation_error(message)
     unknown = re.match(r"Object contains unknown field `(?P<field>[^`]+)`", text)
     if unknown:
         param = ".".join(p for p in (path, unknown["field"]) if p)
