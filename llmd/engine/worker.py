@@ -18,13 +18,15 @@ from pathlib import Path
 import torch
 
 from llmd.config import Profile
+from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
+from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.loader import attention_summary, sdpa_preference
 from llmd.engine.runner import ModelRunner, RowFailure, Sampled
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
-from llmd.engine.types import EngineStats, FinishReason, Request, SamplingParams, TokenEvent
+from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
 from llmd.units import mib
 
 log = logging.getLogger("llmd.engine")
@@ -46,12 +48,6 @@ class WorkerHooks:
 class EngineWorker:
     """Runs the step loop on its own thread; thread-safe `submit`, `abort`, `stop`."""
 
-    # The longest an idle worker that has just been handed a request waits for others
-    # (`_gather_burst`). Eight clients that start together reach the worker milliseconds
-    # apart: without the wait the first is prefilled alone and the other seven in chunks
-    # beside its decode, and the batch stays staggered for the rest of the run.
-    burst_wait_s = 0.05
-
     def __init__(self, model_dir: str | Path, profile: Profile, hooks: WorkerHooks) -> None:
         self.model_dir = model_dir
         self.profile = profile
@@ -60,8 +56,7 @@ class EngineWorker:
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._arriving = 0  # requests being tokenized that will be submitted next
-        self._woke_at: float | None = None  # the last wake from idle (`_bursty`)
-        self._woke_with = 0  # requests admitted within `burst_wait_s` of it
+        self.burst = BurstGate(profile.burst_window_ms / 1000)  # when an idle wake gathers a burst
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)
         self._outputs: dict[str, OutputText] = {}
@@ -198,40 +193,29 @@ class EngineWorker:
                 self._wakeup.wait()
             if idle:
                 self._gather_burst()
-                self._woke_at, self._woke_with = time.monotonic(), 0
+                self.burst.woke()
             if self._stopping:
                 return False
             items = list(self._inbox)
             self._inbox.clear()
-        if self._woke_at is not None and time.monotonic() - self._woke_at <= self.burst_wait_s:
-            self._woke_with += sum(isinstance(item, Request) for item in items)
+        self.burst.admitted(sum(isinstance(item, Request) for item in items))
         for item in items:
             self._admit_or_abort(item)
         return True
 
-    @property
-    def _bursty(self) -> bool:
-        """Whether the next wake from idle waits out `burst_window_ms`: only when requests came
-        together the last time (more than one admitted within `burst_wait_s` of the wake), or
-        before any, so lone requests (an editor's completions, a script's calls) do not pay it."""
-        return self._woke_at is None or self._woke_with > 1
-
     def _gather_burst(self) -> None:
-        """Idle until now: before the first step, wait (bounded) for requests still being
-        tokenized and, with `burst_window_ms` after bursty traffic, until none has arrived for
-        that long, so that a burst is prefilled in one pass. Nobody is decoding yet, so no
-        stream stalls."""
-        deadline = time.monotonic() + self.burst_wait_s
-        quiet = self.profile.burst_window_ms / 1000 if self._bursty else 0.0
+        """Idle until now: wait, bounded, for the rest of a burst before the first step
+        (`burst.gather_wait`). Nobody is decoding yet, so no stream stalls."""
+        deadline = time.monotonic() + self.burst.bound_s
+        quiet = self.burst.quiet_s()
         seen = -1
-        while not self._stopping and (left := deadline - time.monotonic()) > 0:
-            if self._arriving > 0:
-                self._wakeup.wait(left)
-            elif quiet > 0 and len(self._inbox) != seen:
-                seen = len(self._inbox)
-                self._wakeup.wait(min(quiet, left))
-            else:
+        while not self._stopping:
+            wait = gather_wait(deadline - time.monotonic(), self._arriving, quiet, len(self._inbox) != seen)
+            if wait is None:
                 return
+            if self._arriving == 0:  # a quiet wait: what arrives during it is new next time
+                seen = len(self._inbox)
+            self._wakeup.wait(wait)
 
     def _admit_or_abort(self, item: Request | str) -> None:
         if isinstance(item, Request):
@@ -280,16 +264,9 @@ class EngineWorker:
     def _advance(self, request: Request, token: int) -> TokenEvent:
         request.output_ids.append(token)
         self.generated_tokens += 1
-        output = self._outputs[request.request_id]
-        reason: FinishReason | None = None
-        if token in self.eos_token_ids:
-            text, reason = output.finish(), FinishReason.STOP
-        else:
-            text, stopped = output.push(token)
-            if stopped:
-                reason = FinishReason.STOP
-            elif len(request.output_ids) >= request.params.max_tokens:
-                text, reason = text + output.finish(), FinishReason.LENGTH
+        step = next_text(self._outputs[request.request_id], token, len(request.output_ids),
+                         request.params.max_tokens, self.eos_token_ids)
+        text, reason = step.text, step.finish_reason
         if reason is not None:
             self.scheduler.finish(request, reason)
             self._outputs.pop(request.request_id, None)
