@@ -1,22 +1,15 @@
-"""`llmd serve | check | demo-model | bench`: settings → profile → preflight → engine → app → uvicorn."""
+"""`llmd serve | check | demo-model | install-service | bench`: argparse and dispatch (serving: daemon.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any
 
-from llmd.config import API_KEY_ENV, Profile, Settings, api_keys, load_profile, load_settings
+from llmd.config import Profile, Settings, load_profile, load_settings
 from llmd.errors import (
     EXIT_CONFIG,
     EXIT_DEVICE_UNAVAILABLE,
@@ -25,7 +18,6 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
-from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.preflight import (
     MemoryPlan,
     choose_profile,
@@ -35,20 +27,11 @@ from llmd.preflight import (
     render_plan,
 )
 from llmd.runtime import configure_logging, event_loop_factory
-from llmd.units import mib
-
-if TYPE_CHECKING:
-    from llmd.engine.client import EngineClient
-    from llmd.metrics import Metrics
 
 log = logging.getLogger("llmd")
 
 DEMO_MODEL_ID = "llmd-demo"
 DEMO_SIZE = "small"
-# SIGHUP stops too: llmd reloads nothing, and a hang-up must not kill it without a drain.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# After a second stop signal: how long the cut requests' handlers get to write their last bytes.
-STOP_NOW_GRACE = 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +167,8 @@ def run_serve(args: argparse.Namespace) -> int:
     plan = preflight(model_dir, model_id, profile)
     if not plan.fits:
         return EXIT_PREFLIGHT
+    from llmd.daemon import serve
+
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         return runner.run(serve(settings, profile, model_dir, model_id, plan))
 
@@ -220,174 +205,6 @@ def resolve_model(settings: Settings) -> tuple[str, str]:
         return str(ensure_demo_model(DEMO_SIZE)), settings.served_model_name or DEMO_MODEL_ID
     model_id = settings.served_model_name or settings.model.rstrip("/").split("/")[-1]
     return settings.model, model_id
-
-
-async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str, plan: MemoryPlan) -> int:
-    """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
-    import uvicorn
-
-    from llmd.api.app import create_app
-    from llmd.api.connection import connection_protocol
-    from llmd.engine.client import EngineClient
-
-    notifier = Notifier.from_environ()
-    notifier.status(f"loading {model_id} ({profile.name})")
-    engine = EngineClient(model_dir, profile, plan.context)
-
-    async def drain() -> None:
-        stats = engine.stats()
-        notifier.stopping(engine_status(stats.running, stats.waiting, 0.0, phase="draining"))
-        log.info("stopping: draining %d requests (up to %g s)", stats.running + stats.waiting,
-                 settings.drain_timeout)
-        cut = await engine.drain(settings.drain_timeout)
-        if cut:
-            log.warning("drain timeout: ended %d requests with an error event", cut)
-
-    async def stop_now() -> None:
-        cut = await engine.cut("the server is stopping now (a second stop signal)", grace=STOP_NOW_GRACE)
-        log.warning("stopping now: ended %d requests with an error event", cut)
-
-    keys = api_keys(settings, os.environ)
-    warn_if_exposed(settings, keys)
-    app = create_app(engine, settings, model_id, keys)
-    DaemonServer = daemon_server_class(drain, stop_now)
-    server = DaemonServer(uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=False, lifespan="on", timeout_graceful_shutdown=5,
-        http=connection_protocol(settings),  # httptools with llmd's limits: see api/connection.py
-    ))
-
-    def report_phase(phase: str) -> None:  # loading, compiling, warming up; READY=1 says the rest
-        if phase != "serving":
-            notifier.status(phase)
-
-    engine.phase_listeners.append(report_phase)
-    await engine.start()
-    watcher = asyncio.ensure_future(stop_on_engine_failure(engine, server))
-    health = EngineHealth(engine.heartbeat, stall_seconds=settings.stall_timeout, alive=engine.alive)
-    watchdog = Watchdog.from_environ(notifier, health)
-    announcer = asyncio.ensure_future(
-        announce_ready(engine, server, notifier, watchdog, app.state.metrics, plan))
-    log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",
-             model_dir, model_id, settings.host, settings.port, profile.name)
-    try:
-        await server.serve()
-    finally:
-        watcher.cancel()
-        announcer.cancel()
-        await engine.shutdown()
-        if watchdog is not None:
-            watchdog.stop()
-    return 1 if engine.failed is not None and engine.failed.done() else 0
-
-
-async def announce_ready(
-    engine: EngineClient, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics,
-    plan: MemoryPlan,
-) -> None:
-    """Once the model is loaded and warm and the port listens: READY=1, the watchdog, STATUS lines."""
-    await engine.ready.wait()
-    while not server.started:
-        await asyncio.sleep(0.05)
-    load, warmup = engine.startup_seconds
-    planned, measured = plan.weight_bytes, engine.device_bytes
-    log.info("memory: weights planned %s, on the device after loading %s (%+.1f %%)",
-             mib(planned), mib(measured), (measured - planned) / planned * 100 if planned else 0.0)
-    metrics.set_startup(load, warmup)
-    notifier.ready(f"ready: model loaded in {load:.1f} s, warmed up in {warmup:.1f} s")
-    if watchdog is not None:
-        watchdog.start()
-    await report_status(notifier, ServingStatus(engine.stats))
-
-
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-
-
-def warn_if_exposed(settings: Settings, keys: frozenset[str]) -> None:
-    """Say it loudly when anyone on the network can use the model."""
-    if keys:
-        log.info("API keys: %d accepted; /health and /ready are open", len(keys))
-    elif settings.host not in LOOPBACK and not settings.host.startswith("127."):
-        log.warning("!!! listening on %s without an API key: anyone who can reach this port can use "
-                    "the model. Set api_keys / api_key_file or $%s, or bind to 127.0.0.1 !!!",
-                    settings.host, API_KEY_ENV)
-
-
-def daemon_server_class(
-    drain: Callable[[], Awaitable[None]], stop_now: Callable[[], Awaitable[None]]
-) -> type:
-    """uvicorn's Server, except that a stop signal drains first and then exits 0.
-
-    On the first SIGTERM, SIGINT or SIGHUP the server keeps accepting connections, so a new
-    request gets a clear 503 + Retry-After instead of a refused connection, while `drain`
-    lets running streams finish; then uvicorn shuts down. A second signal runs `stop_now`
-    (every open request ends with a `shutting_down` error), gives the responses a moment to
-    be written, drops the connections that cannot take them, and exits. uvicorn would
-    re-raise the caught signal after shutting down, so the process would die "by signal";
-    a daemon that drained cleanly reports success to systemd instead.
-    """
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        draining: asyncio.Task[None] | None = None
-        stopping: asyncio.Task[None] | None = None
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            name = signal.Signals(sig).name
-            if not self.started:
-                self.should_exit = True  # still binding the port: nothing to drain
-            elif self.draining is None:
-                log.info("%s: draining, then stopping%s", name,
-                         " (llmd reloads nothing on SIGHUP)" if sig == signal.SIGHUP else "")
-                self.draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
-            elif self.stopping is None:
-                log.warning("%s during the drain: stopping now", name)
-                self.stopping = asyncio.get_running_loop().create_task(self._stop_now())
-            else:
-                log.info("%s: already stopping", name)
-
-        async def _drain_then_exit(self) -> None:
-            try:
-                await drain()
-            finally:
-                self.should_exit = True
-
-        async def _stop_now(self) -> None:
-            deadline = time.monotonic() + STOP_NOW_GRACE
-            try:
-                await stop_now()
-                while self.server_state.tasks and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)  # the cut requests' handlers write their last bytes
-                for connection in list(self.server_state.connections):
-                    flow = getattr(connection, "flow", None)
-                    if flow is not None and flow.write_paused:  # a client that stopped reading
-                        connection.transport.abort()
-            finally:
-                self.should_exit = True
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            # Handlers run as loop callbacks (never inside whatever the signal interrupted).
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            loop = asyncio.get_running_loop()
-            for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, self.handle_exit, sig, None)
-            try:
-                yield
-            finally:
-                for sig in STOP_SIGNALS:
-                    loop.remove_signal_handler(sig)
-
-    return Server
-
-
-async def stop_on_engine_failure(engine: object, server: object) -> None:
-    """Shut the server down if the worker could not load the model."""
-    exc = await asyncio.shield(engine.failed)  # type: ignore[attr-defined]
-    log.error("model failed to load: %s", exc)
-    server.should_exit = True  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
