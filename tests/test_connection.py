@@ -17,6 +17,7 @@ from llmd.api.connection import FD_RESERVE, connection_protocol
 from llmd.config import Settings, load_settings
 from llmd.errors import ConfigError
 from tests.conftest import Daemon, start_daemon
+from tests.helpers.waiting import wait_until
 
 WAIT = 60.0  # the most any test waits for the server to answer or close; never a pass condition
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8}
@@ -190,7 +191,8 @@ def test_past_max_connections_a_request_is_503_and_health_returns(tiny_model: Pa
                 sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 headers = assert_openai_error(read_to_close(sock), 503, "too_many_connections")
             assert int(headers["retry-after"]) >= 1
-        assert eventually_healthy(capped)
+        health = f"{capped.url}/health"
+        wait_until("healthy again", lambda: httpx.get(health, timeout=WAIT).status_code == 200, WAIT)
     finally:
         assert capped.stop() == 0, capped.log()
 
@@ -198,21 +200,15 @@ def test_past_max_connections_a_request_is_503_and_health_returns(tiny_model: Pa
 @contextlib.contextmanager
 def admitted_stream(daemon: Daemon) -> Iterator[socket.socket]:
     """Hold the daemon's one connection with a long stream, once earlier connections have left."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        with connect(daemon) as sock:
-            sock.sendall(post("/v1/chat/completions", CHAT | {"stream": True, "max_tokens": 4000}))
-            if sock.recv(12).startswith(b"HTTP/1.1 200"):
-                yield sock
-                return
-        time.sleep(0.1)  # refused while the readiness probe's connection was still counted
-    pytest.fail("no connection admitted")
+    def admitted() -> socket.socket | None:
+        sock = connect(daemon)
+        sock.sendall(post("/v1/chat/completions", CHAT | {"stream": True, "max_tokens": 4000}))
+        if sock.recv(12).startswith(b"HTTP/1.1 200"):
+            return sock
+        sock.close()  # refused while the readiness probe's connection was still counted
+        return None
+
+    with wait_until("a connection admitted", admitted, WAIT) as sock:
+        yield sock
 
 
-def eventually_healthy(daemon: Daemon) -> bool:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if httpx.get(f"{daemon.url}/health", timeout=WAIT).status_code == 200:
-            return True
-        time.sleep(0.1)
-    return False

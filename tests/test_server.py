@@ -17,6 +17,7 @@ from llmd.demo_model import DEMO_TEXT, read_demo_cycle
 from llmd.engine.offline import InProcessDecoder
 from llmd.engine.tokenizer import ChatTokenizer
 from tests.conftest import Daemon, start_daemon
+from tests.helpers.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Say something in Korean."}]
 
@@ -260,13 +261,12 @@ def test_multibyte_characters_never_arrive_broken(daemon: Daemon) -> None:
 
 
 def wait_for(daemon: Daemon, predicate: Callable[[dict], bool], timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """The engine's /stats once `predicate` holds for them."""
+    def matching() -> dict | None:
         stats = httpx.get(f"{daemon.url}/stats").json()
-        if predicate(stats):
-            return stats
-        time.sleep(0.02)
-    raise AssertionError(f"engine stats never matched: {stats}")
+        return stats if predicate(stats) else None
+
+    return wait_until("matching the engine stats", matching, timeout)
 
 
 def open_raw_request(daemon: Daemon, body: dict) -> socket.socket:

@@ -13,7 +13,6 @@ import json
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import Daemon, start_daemon
+from tests.helpers.waiting import wait_until
 
 DEADLINE = 120.0  # generous: the suite must pass with every core busy
 LONG = 4000  # tokens no request can generate before the test acts on it
@@ -114,13 +114,6 @@ def dechunk(body: bytes) -> bytes:
     return bytes(payload)
 
 
-def wait_for(what: str, condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < deadline, f"still not {what} after {DEADLINE} s"
-        time.sleep(0.05)
-
-
 def engine_holds(daemon: Daemon, requests: int) -> Callable[[], bool]:
     """A condition: the engine has taken all `requests` and has generated at least that many tokens."""
     def check() -> bool:
@@ -163,9 +156,9 @@ def test_a_stop_signal_refuses_new_requests_and_lets_running_ones_finish(
 ) -> None:
     daemon = start_drain_daemon(tmp_path, tiny_model, drain_timeout=600)
     held = HeldStream(daemon, 1000)
-    wait_for("generating", engine_holds(daemon, 1))
+    wait_until("generating", engine_holds(daemon, 1), DEADLINE)
     daemon.process.send_signal(stop)
-    wait_for("draining", is_draining(daemon))
+    wait_until("draining", is_draining(daemon), DEADLINE)
     late = httpx.post(f"{daemon.base_url}/chat/completions", json=chat(2, stream=False), timeout=DEADLINE)
     assert_shutting_down(late, "shutting down")
     assert_finished(held.release())
@@ -178,7 +171,7 @@ def test_the_drain_timeout_cuts_streams_and_non_stream_requests(tiny_model: Path
     daemon = start_drain_daemon(tmp_path, tiny_model, drain_timeout=0)
     streams = [Client(daemon, LONG, stream=True) for _ in range(3)]
     whole = Client(daemon, LONG, stream=False)
-    wait_for("generating for all four", engine_holds(daemon, 4))
+    wait_until("generating for all four", engine_holds(daemon, 4), DEADLINE)
     daemon.process.send_signal(signal.SIGTERM)
     for client in streams:
         assert_cut(client.finished(), "drain timeout")
@@ -193,9 +186,9 @@ def test_a_second_signal_ends_every_request_at_once_and_exits(tiny_model: Path, 
     held = HeldStream(daemon, LONG)  # may take its last events or be dropped: it is not reading
     streams = [Client(daemon, LONG, stream=True) for _ in range(3)]
     whole = Client(daemon, LONG, stream=False)
-    wait_for("generating for all five", engine_holds(daemon, 5))
+    wait_until("generating for all five", engine_holds(daemon, 5), DEADLINE)
     daemon.process.send_signal(signal.SIGTERM)
-    wait_for("draining", is_draining(daemon))
+    wait_until("draining", is_draining(daemon), DEADLINE)
     daemon.process.send_signal(signal.SIGTERM)
     assert daemon.process.wait(timeout=DEADLINE) == 0, daemon.log()  # not the 600 s drain
     for client in streams:
