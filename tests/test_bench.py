@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from llmd import bench
+from llmd.bench import command as bench
 
 Message = dict[str, Any]
 Send = Callable[[Message], Awaitable[None]]

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from llmd.streamclient import Reply, StreamClient
+from llmd.bench.client import Reply, StreamClient
 
 if TYPE_CHECKING:
-    from llmd.engine.offline import DecodeTrace
+    from llmd.bench.decoder import DecodeTrace
 
 FILLER = (
     "The quiet river flows past old stone bridges while children read stories "
@@ -708,7 +708,7 @@ def _report(
 
 def bench_in_process(args: argparse.Namespace) -> BenchReport:
     """Time llmd's runner and transformers' generate on the model, in this process."""
-    from llmd.engine.offline import InProcessDecoder  # lazy: `llmd.bench` must import without torch
+    from llmd.bench.decoder import InProcessDecoder  # lazy: `llmd.bench.command` must import without torch
 
     decoder = InProcessDecoder(args.in_process, profile=args.profile)
 
