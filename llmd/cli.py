@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     install_module.add_arguments(install)
     install.set_defaults(run=install_module.run)
     bench = commands.add_parser("bench", help="measure streaming latency and throughput")
-    from llmd import bench as bench_module
+    from llmd.bench import command as bench_module
 
     bench_module.add_arguments(bench)
     bench.set_defaults(run=bench_module.run)

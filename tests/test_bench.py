@@ -17,7 +17,12 @@ from typing import Any
 import pytest
 import uvicorn
 
-from llmd import bench
+from llmd.bench import command
+from llmd.bench.http import client_cpu_note, record_event, record_events
+from llmd.bench.prompts import CALIBRATION_PROBES, PromptFactory, calibrate_words, filler_text, fit_prompt_ids
+from llmd.bench.results import StreamResult, median_output_rates, run_notes, summarize
+from llmd.bench.sse import SSEEvent, SSEParser
+from llmd.bench.stats import chunks_per_token, decode_tokens_per_s, gaps, percentile, tokens_per_s
 
 Message = dict[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -29,41 +34,41 @@ Capture = pytest.CaptureFixture[str]
 
 def test_percentile_interpolates_between_ranks() -> None:
     values = [5.0, 1.0, 4.0, 2.0, 3.0]
-    assert bench.percentile(values, 0) == 1.0
-    assert bench.percentile(values, 50) == 3.0
-    assert bench.percentile(values, 100) == 5.0
-    assert bench.percentile(values, 25) == 2.0
-    assert bench.percentile([0.0, 10.0], 99) == pytest.approx(9.9)
-    assert bench.percentile(list(range(101)), 99) == pytest.approx(99.0)
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 100) == 5.0
+    assert percentile(values, 25) == 2.0
+    assert percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
 
 
 def test_percentile_of_nothing_and_one_value() -> None:
-    assert bench.percentile([], 50) is None
-    assert bench.percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+    assert percentile([7.0], 99) == 7.0
 
 
 def test_gaps_are_successive_differences() -> None:
-    assert bench.gaps([1.0, 1.5, 1.75, 3.0]) == [0.5, 0.25, 1.25]
-    assert bench.gaps([2.0]) == []
-    assert bench.gaps([]) == []
+    assert gaps([1.0, 1.5, 1.75, 3.0]) == [0.5, 0.25, 1.25]
+    assert gaps([2.0]) == []
+    assert gaps([]) == []
 
 
 def test_chunks_per_token_and_rates() -> None:
-    assert bench.chunks_per_token(4, 8) == 0.5
-    assert bench.chunks_per_token(3, 0) is None
-    assert bench.tokens_per_s(100, 2.0) == 50.0
-    assert bench.tokens_per_s(100, 0.0) is None
+    assert chunks_per_token(4, 8) == 0.5
+    assert chunks_per_token(3, 0) is None
+    assert tokens_per_s(100, 2.0) == 50.0
+    assert tokens_per_s(100, 0.0) is None
     # 5 tokens over 4 gaps of 0.25 s: 4 tokens after the first in 1 s.
-    assert bench.decode_tokens_per_s([0.0, 0.25, 0.5, 0.75, 1.0], 5) == 4.0
-    assert bench.decode_tokens_per_s([0.0, 1.0], 9) == 8.0  # usage says 9 tokens in 2 chunks
-    assert bench.decode_tokens_per_s([1.0], 1) is None
-    assert bench.decode_tokens_per_s([1.0, 1.0], 2) is None
+    assert decode_tokens_per_s([0.0, 0.25, 0.5, 0.75, 1.0], 5) == 4.0
+    assert decode_tokens_per_s([0.0, 1.0], 9) == 8.0  # usage says 9 tokens in 2 chunks
+    assert decode_tokens_per_s([1.0], 1) is None
+    assert decode_tokens_per_s([1.0, 1.0], 2) is None
 
 
 def _stream(
     sent: float, times: list[float], tokens: int | None, error: str | None = None
-) -> bench.StreamResult:
-    return bench.StreamResult(
+) -> StreamResult:
+    return StreamResult(
         sent=sent,
         chunk_times=times,
         completion_tokens=tokens,
@@ -79,7 +84,7 @@ def test_summarize_known_streams() -> None:
         _stream(0.0, [0.3, 0.5, 0.7, 1.0], 4),  # ttft 300 ms, gaps 200, 200, 300 ms
         _stream(0.5, [], None, error="HTTP 503: busy"),
     ]
-    run = bench.summarize("http", 1, results)
+    run = summarize("http", 1, results)
     assert (run.requests, run.ok, run.errors) == (3, 2, 1)
     assert run.error_messages == ["HTTP 503: busy"]
     assert run.completion_tokens == 12
@@ -96,16 +101,16 @@ def test_summarize_known_streams() -> None:
 
 
 def test_summarize_counts_chunks_without_usage() -> None:
-    run = bench.summarize("http", 1, [_stream(0.0, [0.1, 0.2, 0.3], None)])
+    run = summarize("http", 1, [_stream(0.0, [0.1, 0.2, 0.3], None)])
     assert run.usage_source == "counted"
     assert run.completion_tokens == 3
     assert run.chunks_per_token is None
-    notes = bench.run_notes([run], max_tokens=3)
+    notes = run_notes([run], max_tokens=3)
     assert any("no usage" in note for note in notes)
 
 
 def test_summarize_all_failed() -> None:
-    run = bench.summarize("http", 2, [_stream(0.0, [], None, error=f"e{i}") for i in range(7)])
+    run = summarize("http", 2, [_stream(0.0, [], None, error=f"e{i}") for i in range(7)])
     assert (run.ok, run.errors, run.usage_source) == (0, 7, "none")
     assert run.error_messages == ["e0", "e1", "e2", "e3", "e4"]
     assert run.ttft_ms_p50 is None and run.output_tokens_per_s is None
@@ -113,10 +118,10 @@ def test_summarize_all_failed() -> None:
 
 def test_median_over_repeats_per_label() -> None:
     runs = [
-        bench.summarize("http", k, [_stream(0.0, [0.5, 1.0], tokens)])
+        summarize("http", k, [_stream(0.0, [0.5, 1.0], tokens)])
         for k, tokens in enumerate([10, 30, 20], start=1)
     ]
-    assert bench.median_output_rates(runs) == {"http": 20.0}
+    assert median_output_rates(runs) == {"http": 20.0}
 
 
 # ---------------------------------------------------------------------------- SSE
@@ -140,7 +145,7 @@ SSE_EXPECTED = [
 
 
 def _parse(pieces: list[bytes]) -> list[tuple[str, str]]:
-    parser = bench.SSEParser()
+    parser = SSEParser()
     return [(e.event, e.data) for piece in pieces for e in parser.feed(piece)]
 
 
@@ -163,7 +168,7 @@ def test_sse_one_byte_at_a_time_and_random_reads() -> None:
 
 
 def test_sse_event_waits_for_its_blank_line() -> None:
-    parser = bench.SSEParser()
+    parser = SSEParser()
     assert parser.feed(b"data: partial\n") == []
     assert [e.data for e in parser.feed(b"\n")] == ["partial"]
     assert parser.feed(b"data: never finished") == []
@@ -171,24 +176,24 @@ def test_sse_event_waits_for_its_blank_line() -> None:
 
 def test_sse_stamps_events_when_parsed() -> None:
     ticks = iter([10.0, 11.0])
-    parser = bench.SSEParser(clock=lambda: next(ticks))
+    parser = SSEParser(clock=lambda: next(ticks))
     first = parser.feed(b"data: a\n\ndata: b")
     second = parser.feed(b"\n\n")
     assert [(e.data, e.time) for e in first + second] == [("a", 10.0), ("b", 11.0)]
 
 
-def _event(data: str, when: float, event: str = "message") -> bench.SSEEvent:
-    return bench.SSEEvent(data=data, event=event, time=when)
+def _event(data: str, when: float, event: str = "message") -> SSEEvent:
+    return SSEEvent(data=data, event=event, time=when)
 
 
 def test_record_events_builds_a_stream_result() -> None:
-    result = bench.StreamResult(sent=0.0)
+    result = StreamResult(sent=0.0)
     role = {"choices": [{"delta": {"role": "assistant", "content": ""}}]}
     text = {"choices": [{"delta": {"content": "hi"}}]}
     usage = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
     timeline = [(role, 0.1), (text, 0.2), (text, 0.4), (usage, 0.5)]
     events = [_event(json.dumps(chunk), when) for chunk, when in timeline]
-    bench.record_events(result, [*events, _event("[DONE]", 0.6), _event(json.dumps(text), 0.7)])
+    record_events(result, [*events, _event("[DONE]", 0.6), _event(json.dumps(text), 0.7)])
     assert result.chunk_times == [0.2, 0.4]
     assert (result.completion_tokens, result.prompt_tokens) == (2, 5)
     assert result.done and result.error is None and result.finished == 0.6
@@ -200,8 +205,8 @@ def test_record_events_builds_a_stream_result() -> None:
     [('{"error": {"message": "boom"}}', "message"), ("{}", "error"), ("not json", "message")],
 )
 def test_record_event_errors(data: str, event: str) -> None:
-    result = bench.StreamResult(sent=0.0)
-    assert bench.record_event(result, _event(data, 1.0, event)) is True
+    result = StreamResult(sent=0.0)
+    assert record_event(result, _event(data, 1.0, event)) is True
     assert result.error is not None and not result.done
 
 
@@ -213,16 +218,16 @@ def test_calibrate_words_lands_near_target() -> None:
         return 17 + round(words * 1.3)
 
     for target in (20, 64, 100, 500):
-        words, tokens, probes = asyncio.run(bench.calibrate_words(target, measure))
+        words, tokens, probes = asyncio.run(calibrate_words(target, measure))
         assert abs(tokens - target) <= 1 and tokens == 17 + round(words * 1.3)
-        assert probes <= bench.CALIBRATION_PROBES
+        assert probes <= CALIBRATION_PROBES
 
 
 def test_calibrate_words_target_below_template() -> None:
     async def measure(words: int) -> int:
         return 30 + words
 
-    assert asyncio.run(bench.calibrate_words(5, measure))[:2] == (1, 31)
+    assert asyncio.run(calibrate_words(5, measure))[:2] == (1, 31)
 
 
 def test_fit_prompt_ids_is_exact() -> None:
@@ -231,20 +236,20 @@ def test_fit_prompt_ids_is_exact() -> None:
         return [-1, -2, *body, -3, -4]  # template head and tail around two-token words
 
     for target in range(8, 40):
-        ids, words = bench.fit_prompt_ids(ids_for_words, target)
+        ids, words = fit_prompt_ids(ids_for_words, target)
         assert len(ids) == target
         assert ids[:2] == [-1, -2] and ids[-2:] == [-3, -4]
         assert len(ids_for_words(words - 1)) < target <= len(ids_for_words(words))
-    assert bench.fit_prompt_ids(ids_for_words, 2) == ([-1, -2, 0, -3, -4], 1)
+    assert fit_prompt_ids(ids_for_words, 2) == ([-1, -2, 0, -3, -4], 1)
 
 
 def test_prompt_factory_tags() -> None:
-    distinct = bench.PromptFactory(words=5)
+    distinct = PromptFactory(words=5)
     firsts = {distinct.next().split()[0] for _ in range(50)}
     assert len(firsts) == 50
-    shared = bench.PromptFactory(words=5, distinct=False)
+    shared = PromptFactory(words=5, distinct=False)
     assert len({shared.next() for _ in range(5)}) == 1
-    assert len(bench.filler_text(40).split()) == 40
+    assert len(filler_text(40).split()) == 40
 
 
 # -------------------------------------------------------------------- fake server
@@ -392,12 +397,12 @@ def fake(served: Served) -> Served:
 
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
+    command.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
 def _bench_json(capsys: Capture, *argv: str) -> tuple[int, dict[str, Any]]:
-    code = bench.run(_args(*argv, "--json", "--timeout", "30"))
+    code = command.run(_args(*argv, "--json", "--timeout", "30"))
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -431,10 +436,10 @@ def test_bench_measures_what_the_server_did(fake: Served, capsys: Capture) -> No
 
 
 def test_client_cpu_note() -> None:
-    runs = [bench.summarize("http", k, [_stream(0.0, [0.1, 0.2], n)]) for k, n in ((1, 40), (2, 60))]
-    assert bench.client_cpu_note(0.05, runs) == (
+    runs = [summarize("http", k, [_stream(0.0, [0.1, 0.2], n)]) for k, n in ((1, 40), (2, 60))]
+    assert client_cpu_note(0.05, runs) == (
         "client CPU while measuring: 0.05 s, 0.500 ms per completion token")
-    assert bench.client_cpu_note(0.0, []).endswith("- per completion token")
+    assert client_cpu_note(0.0, []).endswith("- per completion token")
 
 
 def test_bench_sends_the_requests_it_promises(fake: Served, capsys: Capture) -> None:
@@ -506,7 +511,7 @@ def test_stream_cut_before_its_finish_is_an_error(fake: Served, capsys: Capture)
 
 
 def test_timeout_is_an_error(fake: Served, capsys: Capture) -> None:
-    code = bench.run(_args("--base-url", fake.base_url, "--model", "fake-stall", "-n", "1",
+    code = command.run(_args("--base-url", fake.base_url, "--model", "fake-stall", "-n", "1",
                            "--warmup", "0", "--max-tokens", "4", "--timeout", "0.5", "--json"))
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert code == 1
@@ -514,7 +519,7 @@ def test_timeout_is_an_error(fake: Served, capsys: Capture) -> None:
 
 
 def test_repeats_and_table(fake: Served, capsys: Capture) -> None:
-    code = bench.run(_args("--base-url", fake.base_url, "--model", "fake-ok", "-c", "2", "-n", "1",
+    code = command.run(_args("--base-url", fake.base_url, "--model", "fake-ok", "-c", "2", "-n", "1",
                            "--max-tokens", "4", "--repeats", "3"))
     table = capsys.readouterr().out
     assert code == 0
@@ -528,7 +533,7 @@ def test_unreachable_server(capsys: Capture) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    assert bench.run(_args("--base-url", base_url)) == 1
+    assert command.run(_args("--base-url", base_url)) == 1
     assert "pass --model" in capsys.readouterr().err
     code, report = _bench_json(capsys, "--base-url", base_url, "--model", "m", "-n", "2")
     assert code == 1

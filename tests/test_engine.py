@@ -13,9 +13,9 @@ import torch
 from msgspec.structs import replace
 from transformers import AutoModelForCausalLM
 
+from llmd.bench.decoder import InProcessDecoder
 from llmd.config import load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.offline import InProcessDecoder
 from llmd.engine.runner import ModelRunner, Sampled, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmd.streamcheck import StreamVerdict, check_stream, is_error_body
+from llmd.bench.streamcheck import StreamVerdict, check_stream, is_error_body
 from tests.conftest import Daemon
 
 # Values at the edges of what the schema allows, beside ordinary ones.

@@ -19,7 +19,7 @@ import llmd
 # Where torch (or transformers' tokenizer, which may load it) is allowed.
 MODEL_SIDE = {
     "llmd.engine.checkup", "llmd.engine.direct", "llmd.engine.loader",
-    "llmd.engine.offline", "llmd.engine.onednn", "llmd.engine.runner", "llmd.engine.static",
+    "llmd.engine.onednn", "llmd.engine.runner", "llmd.engine.static",
     "llmd.engine.tokenizer", "llmd.engine.worker",
 }
 

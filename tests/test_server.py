@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 
+from llmd.bench.decoder import InProcessDecoder
 from llmd.demo_model import DEMO_TEXT, read_demo_cycle
-from llmd.engine.offline import InProcessDecoder
 from llmd.engine.tokenizer import ChatTokenizer
 from tests.conftest import Daemon, start_daemon
 from tests.helpers.waiting import wait_until

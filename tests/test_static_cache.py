@@ -11,9 +11,9 @@ import torch
 import torch._dynamo
 from msgspec.structs import replace
 
+from llmd.bench.decoder import InProcessDecoder
 from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.offline import InProcessDecoder
 from llmd.engine.runner import ModelRunner
 from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer

@@ -1,4 +1,4 @@
-"""Unit tests for the soak harness's stream checker (llmd/streamcheck.py)."""
+"""Unit tests for the soak harness's stream checker (llmd/bench/streamcheck.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmd.streamcheck import StreamVerdict, check_stream, is_error_body
+from llmd.bench.streamcheck import StreamVerdict, check_stream, is_error_body
 
 DONE = b"data: [DONE]\n\n"
 

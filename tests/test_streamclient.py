@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llmd.streamclient import Origin, StreamClient, TransportError
+from llmd.bench.client import Origin, StreamClient, TransportError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

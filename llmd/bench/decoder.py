@@ -1,7 +1,8 @@
 """Decode inside one process, with no thread, queue or HTTP: the limit a server approaches.
 
 `llmd bench --in-process` uses this to measure the same model two ways: llmd's own
-runner step loop, and transformers' `model.generate`.
+runner step loop, and transformers' `model.generate`. The model side (torch, transformers)
+is imported only when a decoder is built, so importing this module stays torch-free.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmd.config import load_profile
-from llmd.engine.runner import ModelRunner, measure_generate
-from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
+
+if TYPE_CHECKING:
+    from llmd.engine.runner import ModelRunner
+    from llmd.engine.tokenizer import ChatTokenizer
 
 
 @dataclass
@@ -30,9 +33,12 @@ class InProcessDecoder:
     """The model and tokenizer loaded as the daemon loads them, driven directly."""
 
     def __init__(self, model: str | Path, profile: str = "cpu") -> None:
-        self.runner = ModelRunner(model, load_profile(profile))
+        from llmd.engine.runner import ModelRunner
+        from llmd.engine.tokenizer import ChatTokenizer
+
+        self.runner: ModelRunner = ModelRunner(model, load_profile(profile))
         self.runner.warm_up_decode()  # a compiled step compiles here, not inside the first timing
-        self.tokenizer = ChatTokenizer(model)
+        self.tokenizer: ChatTokenizer = ChatTokenizer(model)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """Chat template applied, generation prompt added."""
@@ -47,6 +53,8 @@ class InProcessDecoder:
     ) -> list[DecodeTrace]:
         """Greedy-decode every prompt together (one batch), timing each token of each row."""
         if method == "generate":
+            from llmd.engine.runner import measure_generate
+
             start, times, ids = measure_generate(self.runner.model, prompts, max_new_tokens)
             return [DecodeTrace(start, list(times), row) for row in ids]
         return self._decode_with_runner(prompts, max_new_tokens)

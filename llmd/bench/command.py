@@ -1,0 +1,97 @@
+"""`llmd bench`: measure streaming quality and speed of an OpenAI-compatible server.
+
+C concurrent streaming clients each send R chat completions; every SSE event is
+timestamped the moment it is parsed off the wire, and the run is reported as
+TTFT, inter-chunk gaps, chunks per completion token and output tokens/s.
+`--in-process MODEL_DIR` measures the raw decode of a model in this process instead.
+This module holds the flags and the run; the rest of the bench lives beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from llmd.bench.http import BenchError, bench_http
+from llmd.bench.inprocess import bench_in_process
+from llmd.bench.report import format_json, format_table
+from llmd.bench.results import BenchReport
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the `llmd bench` options to `parser`."""
+    add = parser.add_argument
+    add("--base-url", default="http://127.0.0.1:8000/v1",
+        help="OpenAI-compatible base URL (default: %(default)s)")
+    add("--model", help="model id (default: the first id from GET {base}/models)")
+    add("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    add("-c", "--concurrency", type=_positive_int, default=1,
+        help="concurrent streaming clients (default: 1)")
+    add("-n", "--requests", type=_positive_int, default=3,
+        help="requests per client (default: 3)")
+    add("--prompt-tokens", type=_positive_int, default=64,
+        help="prompt length to aim for (default: 64)")
+    add("--max-tokens", type=_positive_int, default=128,
+        help="completion tokens per request (default: 128)")
+    prompts = parser.add_mutually_exclusive_group()
+    prompts.add_argument("--distinct-prompts", dest="distinct_prompts", action="store_true",
+                         default=True, help="start every prompt differently so no cached "
+                         "prefix is reused (default)")
+    prompts.add_argument("--shared-prompt", dest="distinct_prompts", action="store_false",
+                         help="send the same prompt every time")
+    add("--ignore-eos", action="store_true", help='send "ignore_eos": true (vLLM, llama.cpp)')
+    add("--warmup", type=_non_negative_int, default=1,
+        help="unmeasured requests first (default: 1)")
+    add("--temperature", type=float, default=0.0, help="(default: 0)")
+    add("--json", action="store_true", help="print one JSON object instead of the table")
+    add("--repeats", metavar="K", type=_positive_int, default=1,
+        help="repeat the measurement K times (default: 1)")
+    add("--timeout", type=float, default=600.0,
+        help="seconds allowed per request (default: 600)")
+    add("--in-process", metavar="MODEL_DIR",
+        help="measure the raw decode of MODEL_DIR in this process instead")
+    add("--profile", default="cpu", help="llmd profile for --in-process (default: cpu)")
+
+
+def _run_async(main: Coroutine[Any, Any, BenchReport]) -> BenchReport:
+    """On the daemon's event loop (uvloop where installed): less client CPU per event,
+    which the server it measures would otherwise lose on a machine with few cores."""
+    from llmd.runtime import event_loop_factory
+
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(main)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench; 0 when every measured request succeeded, 1 otherwise, 2 on bad usage."""
+    try:
+        report = bench_in_process(args) if args.in_process else _run_async(bench_http(args))
+    except BenchError as exc:
+        print(f"llmd bench: {exc}", file=sys.stderr)
+        return 1
+    print(format_json(report) if args.json else format_table(report))
+    return 1 if any(run.errors for run in report.runs) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for `python -m llmd.bench`."""
+    parser = argparse.ArgumentParser(prog="llmd bench", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

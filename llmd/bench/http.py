@@ -1,0 +1,264 @@
+"""The HTTP benchmark: chat completions streamed from one OpenAI-compatible base URL.
+
+`HttpSession` sends the requests and records every SSE event into a `StreamResult` the
+moment it is parsed; `bench_http` calibrates the prompt, warms up and runs C clients x R
+requests per repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmd.bench.client import Reply, StreamClient
+from llmd.bench.prompts import PromptFactory, calibrate_words
+from llmd.bench.results import BenchReport, RunReport, StreamResult, bench_report, summarize
+from llmd.bench.sse import SSEEvent, SSEParser
+
+
+class BenchError(Exception):
+    """A failure that stops the bench before it can measure anything."""
+
+
+@dataclass(slots=True)
+class HttpSession:
+    """Sends chat completions to one OpenAI-compatible base URL."""
+
+    client: StreamClient
+    model: str
+    max_tokens: int
+    temperature: float
+    ignore_eos: bool
+    timeout: float
+
+    def body(self, prompt: str, *, stream: bool, max_tokens: int) -> dict[str, Any]:
+        """The JSON request body; `ignore_eos` only on request, as strict servers reject it."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": self.temperature,
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+    async def prompt_tokens(self, prompt: str) -> int:
+        """usage.prompt_tokens the server counts for `prompt` (one non-streamed token)."""
+        body = self.body(prompt, stream=False, max_tokens=1)
+        async with asyncio.timeout(self.timeout):
+            reply = await self.client.request("POST", "/chat/completions", _json_bytes(body))
+        if reply.status >= 400:
+            raise BenchError(_http_error(reply))
+        payload = json.loads(reply.body)
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+            raise BenchError("the server reports no usage.prompt_tokens")
+        return int(usage["prompt_tokens"])
+
+    async def stream_chat(self, prompt: str) -> StreamResult:
+        """Stream one completion; every failure is recorded in the result, never raised."""
+        result = StreamResult(sent=time.perf_counter())
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._consume(prompt, result)
+        except TimeoutError:
+            result.error = None if result.done else f"timed out after {self.timeout:g}s"
+        except OSError as exc:  # refused, reset, or not HTTP (TransportError)
+            result.error = f"{type(exc).__name__}: {exc}"
+        if result.finished is None:
+            result.finished = time.perf_counter()
+        return result
+
+    async def _consume(self, prompt: str, result: StreamResult) -> None:
+        body = self.body(prompt, stream=True, max_tokens=self.max_tokens)
+        parser = SSEParser()
+
+        def sink(data: bytes) -> bool:
+            # Runs as the bytes arrive. After [DONE] the rest of the body is still read,
+            # so the connection is reused; an error ends the exchange at once.
+            if not result.done:
+                record_events(result, parser.feed(data))
+            return result.error is not None
+
+        reply = await self.client.request("POST", "/chat/completions", _json_bytes(body), sink)
+        if reply.status >= 400:
+            result.error = _http_error(reply)
+        if result.error is not None:
+            return
+        # A stream that reported its finish_reason completed, even if the server then
+        # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
+        if not result.done and result.finish_reason is None:
+            result.error = "stream ended before data: [DONE]"
+
+
+def record_events(result: StreamResult, events: Sequence[SSEEvent]) -> None:
+    """Apply events in order until one ends the stream."""
+    for event in events:
+        if record_event(result, event):
+            return
+
+
+def record_event(result: StreamResult, event: SSEEvent) -> bool:
+    """Apply one SSE event to `result`; True once the stream is over ([DONE] or an error)."""
+    if event.data.strip() == "[DONE]":
+        result.done, result.finished = True, event.time
+        return True
+    if event.event == "error":
+        result.error = f"stream error event: {event.data[:200]}"
+        return True
+    try:
+        payload = json.loads(event.data)
+    except ValueError:
+        result.error = f"unparseable event data: {event.data[:200]}"
+        return True
+    if not isinstance(payload, dict) or "error" in payload or payload.get("object") == "error":
+        result.error = f"stream error: {event.data[:200]}"
+        return True
+    _record_chunk(result, payload, event.time)
+    return False
+
+
+def _record_chunk(result: StreamResult, chunk: dict[str, Any], arrived: float) -> None:
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        if isinstance(usage.get("completion_tokens"), int):
+            result.completion_tokens = usage["completion_tokens"]
+        if isinstance(usage.get("prompt_tokens"), int):
+            result.prompt_tokens = usage["prompt_tokens"]
+    if _delta_text(chunk):
+        result.chunk_times.append(arrived)
+    choices = chunk.get("choices") or []
+    if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
+        result.finish_reason, result.finished = str(choices[0]["finish_reason"]), arrived
+
+
+def _delta_text(chunk: dict[str, Any]) -> str:
+    """The text a chunk adds; reasoning text counts, as usage counts its tokens too."""
+    choices = chunk.get("choices") or []
+    delta = (choices[0].get("delta") or {}) if choices and isinstance(choices[0], dict) else {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+
+
+def _http_error(reply: Reply) -> str:
+    return f"HTTP {reply.status}: {' '.join(reply.text.split())[:200]}"
+
+
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+async def fetch_model(client: StreamClient, base_url: str, timeout: float) -> str:
+    """The first model id listed at GET {base_url}/models."""
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await client.request("GET", "/models")
+        if reply.status >= 400:
+            raise BenchError(_http_error(reply))
+        return str(json.loads(reply.body)["data"][0]["id"])
+    except (BenchError, OSError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
+        message = f"cannot pick a model from {base_url}/models ({exc}); pass --model"
+        raise BenchError(message) from exc
+
+
+async def measure_once(
+    session: HttpSession, prompts: PromptFactory, concurrency: int, requests: int
+) -> list[StreamResult]:
+    """C clients, started together, each streaming R requests back to back."""
+
+    async def client_loop() -> list[StreamResult]:
+        return [await session.stream_chat(prompts.next()) for _ in range(requests)]
+
+    per_client = await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return [result for client in per_client for result in client]
+
+
+async def calibrate_prompts(
+    session: HttpSession, prompts: PromptFactory, target: int, notes: list[str]
+) -> int | None:
+    """Set `prompts.words` so prompts measure about `target` tokens; the tokens, if known."""
+
+    async def measure(words: int) -> int:
+        prompts.words = words
+        return await session.prompt_tokens(prompts.next())
+
+    try:
+        words, tokens, probes = await calibrate_words(target, measure)
+    except (BenchError, OSError, TimeoutError, ValueError) as exc:
+        prompts.words = max(1, target * 3 // 4)
+        notes.append(f"prompt not calibrated ({exc}): sent {prompts.words} filler words")
+        return None
+    prompts.words = words
+    notes.append(f"prompt calibrated to {tokens} tokens: {words} filler words, {probes} probes")
+    return tokens
+
+
+async def warm_up(
+    session: HttpSession, prompts: PromptFactory, count: int, notes: list[str]
+) -> None:
+    """Unmeasured requests, so the first measured one pays no compile or load cost."""
+    results = [await session.stream_chat(prompts.next()) for _ in range(count)]
+    failures = [result for result in results if result.error is not None]
+    if failures:
+        notes.append(f"warmup: {len(failures)} of {count} requests failed ({failures[0].error})")
+
+
+async def bench_http(args: argparse.Namespace) -> BenchReport:
+    """Run the whole HTTP benchmark described by parsed `args`."""
+    base_url = args.base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        client = StreamClient(base_url, headers)
+    except ValueError as exc:
+        raise BenchError(f"--base-url: {exc}") from exc
+    # Each of the C clients holds one keep-alive connection at a time.
+    async with client:
+        model = args.model or await fetch_model(client, base_url, args.timeout)
+        session = open_session(client, model, args)
+        prompts = PromptFactory(words=1, distinct=args.distinct_prompts)
+        notes: list[str] = []
+        prompt_tokens = await calibrate_prompts(session, prompts, args.prompt_tokens, notes)
+        await warm_up(session, prompts, args.warmup, notes)
+        runs, cpu_seconds = await measure_repeats(session, prompts, args)
+        notes.append(client_cpu_note(cpu_seconds, runs))
+    return bench_report(args, base_url, model, prompt_tokens, prompts.words, notes, runs)
+
+
+def open_session(client: StreamClient, model: str, args: argparse.Namespace) -> HttpSession:
+    """The session sending `model` the completions `args` describe."""
+    return HttpSession(
+        client=client,
+        model=model,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        timeout=args.timeout,
+    )
+
+
+async def measure_repeats(
+    session: HttpSession, prompts: PromptFactory, args: argparse.Namespace
+) -> tuple[list[RunReport], float]:
+    """One run per repeat, and the CPU seconds this process spent measuring them."""
+    runs = []
+    started = time.process_time()
+    for repeat in range(1, args.repeats + 1):
+        results = await measure_once(session, prompts, args.concurrency, args.requests)
+        runs.append(summarize("http", repeat, results))
+    return runs, time.process_time() - started
+
+
+def client_cpu_note(cpu_seconds: float, runs: Sequence[RunReport]) -> str:
+    """The bench's own CPU per completion token: on a machine with few cores it is taken
+    from the server being measured, so it says how much the measurement perturbs."""
+    tokens = sum(run.completion_tokens for run in runs)
+    per_token = f"{cpu_seconds * 1000 / tokens:.3f} ms" if tokens else "-"
+    return f"client CPU while measuring: {cpu_seconds:.2f} s, {per_token} per completion token"

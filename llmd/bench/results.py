@@ -1,0 +1,227 @@
+"""What the bench measured: one stream's result, one run's report, the whole bench report.
+
+`summarize` reduces a run's streams to its figures; `bench_report` gathers the runs, the
+settings they ran under and the notes a reader needs to interpret them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmd.bench.stats import (
+    chunks_per_token,
+    decode_tokens_per_s,
+    gaps,
+    ms,
+    percentile,
+    rounded,
+    tokens_per_s,
+)
+
+MAX_ERROR_MESSAGES = 5
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """What one streamed request did, in perf_counter() seconds."""
+
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finished: float | None = None
+    done: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def missing_done(self) -> bool:
+        """Finished (a finish_reason arrived) but the server never sent `data: [DONE]`."""
+        return not self.done and self.finish_reason is not None and self.error is None
+
+    @property
+    def ttft(self) -> float | None:
+        """Request sent to first content-bearing chunk."""
+        return self.chunk_times[0] - self.sent if self.chunk_times else None
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens: the server's usage figure, else the content chunk count."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens
+        return len(self.chunk_times)
+
+
+@dataclass(slots=True)
+class RunReport:
+    """One measurement of C x R requests (or R in-process decodes)."""
+
+    label: str
+    repeat: int
+    requests: int
+    ok: int
+    errors: int
+    error_messages: list[str]
+    missing_done: int
+    prompt_tokens: float | None
+    completion_tokens: int
+    usage_source: str
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    gap_ms_p50: float | None
+    gap_ms_p99: float | None
+    gap_ms_max: float | None
+    chunks_per_token: float | None
+    output_tokens_per_s: float | None
+    stream_decode_tokens_per_s_median: float | None
+    wall_s: float
+
+
+@dataclass(slots=True)
+class BenchReport:
+    """Everything `llmd bench` prints: settings, notes and one RunReport per run."""
+
+    target: str
+    model: str
+    concurrency: int
+    requests_per_client: int
+    repeats: int
+    warmup: int
+    prompt_tokens_requested: int
+    prompt_tokens: int | None
+    prompt_words: int
+    max_tokens: int
+    temperature: float
+    distinct_prompts: bool
+    ignore_eos: bool
+    notes: list[str]
+    runs: list[RunReport]
+    median_output_tokens_per_s: dict[str, float | None]
+
+
+def summarize(label: str, repeat: int, results: Sequence[StreamResult]) -> RunReport:
+    """Reduce one run's stream results to its report; failed streams only count as errors."""
+    ok = [result for result in results if result.error is None]
+    failed = sorted((r for r in results if r.error is not None), key=lambda r: r.sent)
+    with_usage = [result for result in ok if result.completion_tokens is not None]
+    pooled_gaps = [gap for result in ok for gap in gaps(result.chunk_times)]
+    ttfts = [result.ttft for result in ok if result.ttft is not None]
+    decode_rates = [
+        rate for r in ok if (rate := decode_tokens_per_s(r.chunk_times, r.tokens)) is not None
+    ]
+    prompt_tokens = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+    completion_tokens = sum(result.tokens for result in ok)
+    return RunReport(
+        label=label,
+        repeat=repeat,
+        requests=len(results),
+        ok=len(ok),
+        errors=len(failed),
+        error_messages=[str(result.error) for result in failed[:MAX_ERROR_MESSAGES]],
+        missing_done=sum(1 for result in ok if result.missing_done),
+        prompt_tokens=statistics.median(prompt_tokens) if prompt_tokens else None,
+        completion_tokens=completion_tokens,
+        usage_source=_usage_source(len(ok), len(with_usage)),
+        ttft_ms_p50=ms(percentile(ttfts, 50)),
+        ttft_ms_p99=ms(percentile(ttfts, 99)),
+        gap_ms_p50=ms(percentile(pooled_gaps, 50)),
+        gap_ms_p99=ms(percentile(pooled_gaps, 99)),
+        gap_ms_max=ms(max(pooled_gaps, default=None)),
+        chunks_per_token=rounded(_usage_chunks_per_token(with_usage), 4),
+        output_tokens_per_s=rounded(tokens_per_s(completion_tokens, _wall(results))),
+        stream_decode_tokens_per_s_median=rounded(
+            statistics.median(decode_rates) if decode_rates else None
+        ),
+        wall_s=round(_wall(results), 6),
+    )
+
+
+def _usage_chunks_per_token(with_usage: Sequence[StreamResult]) -> float | None:
+    # Only streams with a server token count: for the others the ratio is 1 by construction.
+    chunks = sum(len(result.chunk_times) for result in with_usage)
+    return chunks_per_token(chunks, sum(result.tokens for result in with_usage))
+
+
+def _usage_source(ok: int, with_usage: int) -> str:
+    if ok == 0:
+        return "none"
+    if with_usage == ok:
+        return "reported"
+    return "counted" if with_usage == 0 else "mixed"
+
+
+def _wall(results: Sequence[StreamResult]) -> float:
+    """First request sent to last stream finished."""
+    if not results:
+        return 0.0
+    last = max(r.sent if r.finished is None else r.finished for r in results)
+    return last - min(result.sent for result in results)
+
+
+def median_output_rates(runs: Sequence[RunReport]) -> dict[str, float | None]:
+    """Median aggregate output tokens/s over the repeats of each label."""
+    medians: dict[str, float | None] = {}
+    for label in dict.fromkeys(run.label for run in runs):
+        rates = [r.output_tokens_per_s for r in runs if r.label == label]
+        present = [rate for rate in rates if rate is not None]
+        medians[label] = rounded(statistics.median(present)) if present else None
+    return medians
+
+
+def run_notes(runs: Sequence[RunReport], max_tokens: int) -> list[str]:
+    """Caveats a reader needs to interpret the figures."""
+    notes = []
+    if any(run.usage_source in ("counted", "mixed") for run in runs):
+        notes.append(
+            "server sent no usage for some streams: their completion tokens are counted "
+            "content chunks, and chunks/token covers only streams with usage"
+        )
+    missing_done = sum(run.missing_done for run in runs)
+    if missing_done:
+        notes.append(
+            f"{missing_done} stream(s) ended after their finish_reason without `data: [DONE]` "
+            "(an OpenAI protocol deviation; counted as completed)"
+        )
+    short = [
+        run for run in runs
+        if run.usage_source == "reported" and run.completion_tokens < run.ok * max_tokens
+    ]
+    if short:
+        notes.append(
+            f"{len(short)} run(s) produced fewer than max_tokens per stream "
+            "(server stopped at EOS? try --ignore-eos)"
+        )
+    return notes
+
+
+def bench_report(
+    args: argparse.Namespace,
+    target: str,
+    model: str,
+    prompt_tokens: int | None,
+    prompt_words: int,
+    notes: list[str],
+    runs: list[RunReport],
+) -> BenchReport:
+    """The report of `runs` under the settings in `args`, with the notes they call for."""
+    return BenchReport(
+        target=target,
+        model=model,
+        concurrency=args.concurrency,
+        requests_per_client=args.requests,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        prompt_tokens_requested=args.prompt_tokens,
+        prompt_tokens=prompt_tokens,
+        prompt_words=prompt_words,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        distinct_prompts=args.distinct_prompts,
+        ignore_eos=args.ignore_eos,
+        notes=notes + run_notes(runs, args.max_tokens),
+        runs=runs,
+        median_output_tokens_per_s=median_output_rates(runs),
+    )
