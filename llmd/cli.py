@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(commands.add_parser("serve", help="serve a model over the OpenAI API"))
     add_check_command(commands.add_parser("check", help="plan memory: will the model fit this profile?"))
     add_demo_model_command(commands.add_parser("demo-model", help="write the offline demo model"))
-    from llmd import install as install_module
+    from llmd.service import install as install_module
 
     install = commands.add_parser("install-service", help="write the systemd unit and example settings")
     install_module.add_arguments(install)
