@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmd import demo_model
-from llmd.demo_model import (
+from llmd.demo import build as demo_model
+from llmd.demo.build import (
     DEMO_FILES,
     DEMO_LEAD_TEXT,
     DEMO_TEXT,
@@ -123,7 +123,7 @@ def test_unknown_size_is_refused(tmp_path: Path) -> None:
 
 
 def test_module_imports_without_torch_or_transformers() -> None:
-    code = "import sys, llmd.demo_model; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, llmd.demo.build; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
