@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from llmd.demo.build import DEMO_TEXT, read_demo_cycle
+from llmd.demo.files import read_demo_cycle
+from llmd.demo.text import DEMO_TEXT
 from llmd.engine.offline import InProcessDecoder
 from llmd.engine.tokenizer import ChatTokenizer
 from tests.conftest import Daemon, start_daemon
