@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(commands.add_parser("serve", help="serve a model over the OpenAI API"))
     add_check_command(commands.add_parser("check", help="plan memory: will the model fit this profile?"))
     add_demo_model_command(commands.add_parser("demo-model", help="write the offline demo model"))
-    from llmd import install as install_module
+    from llmd.service import install as install_module
 
     install = commands.add_parser("install-service", help="write the systemd unit and example settings")
     install_module.add_arguments(install)
@@ -108,7 +108,7 @@ def add_demo_model_command(parser: argparse.ArgumentParser) -> None:
 
 def run_demo_model(args: argparse.Namespace) -> int:
     """Write a demo model directory."""
-    from llmd.demo_model import build_demo_model
+    from llmd.demo.build import build_demo_model
 
     path = build_demo_model(args.directory, args.size, args.seed)
     print(f"wrote {args.size} demo model to {path}")
@@ -199,7 +199,7 @@ def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan:
 def resolve_model(settings: Settings) -> tuple[str, str]:
     """The model to load and the id clients address it by; builds the demo model if needed."""
     if settings.model is None:
-        from llmd.demo_model import ensure_demo_model
+        from llmd.demo.build import ensure_demo_model
 
         log.info("no --model given: serving the built-in %s demo model", DEMO_SIZE)
         return str(ensure_demo_model(DEMO_SIZE)), settings.served_model_name or DEMO_MODEL_ID

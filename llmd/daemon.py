@@ -24,9 +24,9 @@ from llmd.api.app import create_app
 from llmd.api.connection import connection_protocol
 from llmd.config import API_KEY_ENV, Profile, Settings, api_keys
 from llmd.engine.client import EngineClient
-from llmd.metrics import Metrics
-from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.preflight import MemoryPlan
+from llmd.service.metrics import Metrics
+from llmd.service.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.units import mib
 
 log = logging.getLogger("llmd")

@@ -25,7 +25,7 @@ READY_TIMEOUT = 120.0
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny demo model (random weights, local tokenizer, chat template)."""
-    from llmd.demo_model import build_demo_model
+    from llmd.demo.build import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("models") / "tiny", "tiny")
 

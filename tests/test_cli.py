@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmd.demo_model import read_demo_cycle
+from llmd.demo.files import read_demo_cycle
 from llmd.errors import EXIT_CONFIG, EXIT_DEVICE_UNAVAILABLE, EXIT_PREFLIGHT
 from tests.conftest import start_daemon
 from tests.test_preflight import LLAMA_3_1_8B

@@ -13,19 +13,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmd import demo_model
-from llmd.demo_model import (
-    DEMO_FILES,
-    DEMO_LEAD_TEXT,
-    DEMO_TEXT,
-    EOS_TOKEN_IDS,
-    SPECIAL_TOKENS,
-    build_demo_model,
-    default_demo_model_dir,
-    ensure_demo_model,
-    greedy_walk,
-    read_demo_cycle,
-)
+from llmd.demo import build
+from llmd.demo.build import build_demo_model, default_demo_model_dir, ensure_demo_model
+from llmd.demo.cycle import greedy_walk
+from llmd.demo.files import DEMO_FILES, is_complete_demo_model, read_demo_cycle
+from llmd.demo.text import DEMO_LEAD_TEXT, DEMO_TEXT
+from llmd.demo.tokenizer import EOS_TOKEN_IDS, SPECIAL_TOKENS
 
 CHATS = [
     [{"role": "user", "content": "Say something in Korean."}],
@@ -123,7 +116,7 @@ def test_unknown_size_is_refused(tmp_path: Path) -> None:
 
 
 def test_module_imports_without_torch_or_transformers() -> None:
-    code = "import sys, llmd.demo_model; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, llmd.demo.build; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
@@ -285,12 +278,12 @@ def test_default_dir_is_under_llmd_home_or_the_user_cache(
 def test_ensure_builds_once_then_reuses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("LLMD_HOME", str(tmp_path))
     built = ensure_demo_model("tiny")
-    assert built == tmp_path / "demo-model-tiny" and demo_model.is_complete_demo_model(built)
+    assert built == tmp_path / "demo-model-tiny" and is_complete_demo_model(built)
 
     def no_rebuild(*args: object) -> Path:
         raise AssertionError("rebuilt a complete model")
 
-    monkeypatch.setattr(demo_model, "build_demo_model", no_rebuild)
+    monkeypatch.setattr(build, "build_demo_model", no_rebuild)
     assert ensure_demo_model("tiny") == built
     assert [path.name for path in tmp_path.iterdir()] == ["demo-model-tiny"]
 
@@ -311,7 +304,7 @@ def test_an_interrupted_build_leaves_nothing_behind(monkeypatch: pytest.MonkeyPa
     def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(demo_model, "_write_tokenizer", crash)
+    monkeypatch.setattr(build, "write_tokenizer", crash)
     with pytest.raises(KeyboardInterrupt):
         ensure_demo_model("tiny")
     assert list(tmp_path.iterdir()) == []

@@ -10,9 +10,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from llmd import install
 from llmd.config import load_settings
-from llmd.install import (
+from llmd.service import install
+from llmd.service.install import (
     SHIPPED_DIR,
     exec_argument,
     install_files,

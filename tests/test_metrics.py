@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmd.api.sse import frame
 from llmd.engine.types import EngineStats, TokenEvent
 from llmd.errors import ShuttingDown
-from llmd.metrics import FINISH_REASONS, Metrics
+from llmd.service.metrics import FINISH_REASONS, Metrics
 
 
 def stats(running: int = 0, waiting: int = 0, prefix_hits: int = 0, reused: int = 0) -> EngineStats:

@@ -18,7 +18,7 @@ import pytest
 
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.types import EngineStats
-from llmd.notify import (
+from llmd.service.notify import (
     EngineHealth,
     Notifier,
     ServingStatus,

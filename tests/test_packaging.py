@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from llmd.config import PROFILES_DIR, load_profile, shipped_profiles
-from llmd.install import SHIPPED_DIR
+from llmd.service.install import SHIPPED_DIR
 from llmd.shipped import CHECKOUT
 
 PYPROJECT = tomllib.loads((CHECKOUT / "pyproject.toml").read_text(encoding="utf-8"))

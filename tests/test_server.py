@@ -14,7 +14,8 @@ import openai
 import pytest
 
 from llmd.bench.decoder import InProcessDecoder
-from llmd.demo_model import DEMO_TEXT, read_demo_cycle
+from llmd.demo.files import read_demo_cycle
+from llmd.demo.text import DEMO_TEXT
 from llmd.engine.tokenizer import ChatTokenizer
 from tests.conftest import Daemon, start_daemon
 from tests.helpers.waiting import wait_until

@@ -20,7 +20,7 @@ from llmd.config import load_profile
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import EXIT_PREFLIGHT
-from llmd.notify import EngineHealth, Notifier, Watchdog
+from llmd.service.notify import EngineHealth, Notifier, Watchdog
 from tests.conftest import start_daemon, wait_until_ready
 
 

@@ -17,7 +17,7 @@ from llmd.api.models import list_models
 from llmd.config import Settings
 from llmd.engine.client import EngineClient
 from llmd.errors import LlmdError
-from llmd.metrics import Metrics
+from llmd.service.metrics import Metrics
 
 
 def create_app(

@@ -1,4 +1,4 @@
-"""`GET /metrics`: Prometheus exposition of the daemon's `Metrics` (see llmd/metrics.py)."""
+"""`GET /metrics`: Prometheus exposition of the daemon's `Metrics` (see llmd/service/metrics.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from litestar import Request, Response
 
 from llmd.api.access import METRICS
 from llmd.api.routes import get
-from llmd.metrics import Metrics
+from llmd.service.metrics import Metrics
 
 
 @get("/metrics", opt={METRICS: True})

@@ -1,4 +1,4 @@
-"""The worker thread's pulse, which the systemd watchdog reads (`llmd.notify.EngineHealth`)."""
+"""The worker thread's pulse, which the systemd watchdog reads (`llmd.service.notify.EngineHealth`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from llmd.shipped import shipped_dir
 
 SHIPPED_DIR = shipped_dir("systemd")
-PACKAGE_DIR = Path(__file__).resolve().parent  # where this llmd is installed (or checked out)
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # where this llmd is installed (or checked out)
 UNIT_NAME = "llmd.service"
 SETTINGS_NAME = "llmd.yaml"
 

@@ -1,0 +1,1 @@
+"""Running as a system service: `notify` (sd_notify, watchdog, status), `metrics` (Prometheus), `install`."""
