@@ -17,7 +17,9 @@ import pytest
 from llmd.api.access import HostCheck, media_type
 from llmd.api.app import create_app
 from llmd.config import Settings
+from llmd.metrics import Metrics
 from tests.conftest import Daemon, start_daemon
+from tests.helpers.fake_engine import FakeEngine
 
 CHAT = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 
@@ -157,16 +159,9 @@ def test_head_answers_a_get_route_with_its_headers_and_no_body(daemon: Daemon, p
         assert head.headers["content-length"] == str(len(got.content))
 
 
-class NoEngine:
-    """Just enough of an engine for create_app to list its routes."""
-
-    def __init__(self) -> None:
-        self.observers: list[object] = []
-        self.stats = self.gpu_memory = None
-
-
 def test_every_get_route_also_answers_head() -> None:
-    app = create_app(NoEngine(), Settings(), "m")  # type: ignore[arg-type]
+    engine = FakeEngine()
+    app = create_app(engine, Metrics(), Settings(), "m")
     for route in app.routes:
         methods = getattr(route, "methods", set())
         assert "GET" not in methods or "HEAD" in methods, route.path
