@@ -14,7 +14,7 @@ from typing import Any
 
 from llmd.engine.client import Engine, context_budget
 from llmd.engine.types import EngineStats, FinishReason, SamplingParams, TokenEvent
-from llmd.errors import LlmdError
+from llmd.errors import LlmdError, Overloaded, ShuttingDown
 
 DEFAULT_PIECES = ("Hello", ",", " world", "!")
 
@@ -89,7 +89,11 @@ class FakeEngine:
         return context_budget(self.max_context, prompt_tokens, max_tokens)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> FakeStream:
-        """A scripted stream, or `refusal` raised."""
+        """A scripted stream; refused as the native client refuses (draining, loading), or with `refusal`."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down; retry against its successor")
+        if not self.ready.is_set():
+            raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
         if self.refusal is not None:
             raise self.refusal
         self.submitted.append((prompt_ids, params))
