@@ -1,4 +1,5 @@
-"""`llmd serve`: the engine, the app and a uvicorn server that drains, on one event loop.
+"""`llmd serve`: builds the engine (worker and client), its metrics and the app, and runs them
+with a uvicorn server that drains, on one event loop.
 
 Start-up after the preflight (cli.py): the engine loads in its worker while uvicorn binds;
 READY=1, the watchdog and STATUS lines follow once the model is warm and the port listens.
@@ -41,7 +42,8 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
     notifier = Notifier.from_environ()
     notifier.status(f"loading {model_id} ({profile.name})")
-    engine = EngineClient(model_dir, profile, plan.context)
+    engine = build_engine(model_dir, profile, plan.context)
+    metrics = build_metrics(engine)
 
     async def drain() -> None:
         stats = engine.stats()
@@ -58,7 +60,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
 
     keys = api_keys(settings, os.environ)
     warn_if_exposed(settings, keys)
-    app = create_app(engine, settings, model_id, keys)
+    app = create_app(engine, metrics, settings, model_id, keys)
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
@@ -75,7 +77,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     health = EngineHealth(engine.heartbeat, stall_seconds=settings.stall_timeout, alive=engine.alive)
     watchdog = Watchdog.from_environ(notifier, health)
     announcer = asyncio.ensure_future(
-        announce_ready(engine, server, notifier, watchdog, app.state.metrics, plan))
+        announce_ready(engine, server, notifier, watchdog, metrics, plan))
     log.info("serving %s as `%s` on http://%s:%d/v1 (profile %s)",
              model_dir, model_id, settings.host, settings.port, profile.name)
     try:
@@ -87,6 +89,20 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         if watchdog is not None:
             watchdog.stop()
     return 1 if engine.failed is not None and engine.failed.done() else 0
+
+
+def build_engine(model_dir: str, profile: Profile, max_context: int) -> EngineClient:
+    """The native engine: its worker thread (not started yet) and the client over it."""
+    from llmd.engine.worker import EngineWorker  # the model side: torch loads here, not at import
+
+    return EngineClient(EngineWorker(model_dir, profile), max_context)
+
+
+def build_metrics(engine: EngineClient) -> Metrics:
+    """The daemon's metrics: engine gauges read at scrape time, every closed stream observed."""
+    metrics = Metrics(engine_stats=engine.stats, gpu_memory=engine.gpu_memory)
+    engine.observers.append(metrics.observe_stream)
+    return metrics
 
 
 async def announce_ready(

@@ -19,6 +19,7 @@ from llmd.engine.client import EngineClient
 from llmd.engine.runner import ModelRunner, Sampled, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
+from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 
 T = TypeVar("T")
@@ -102,18 +103,21 @@ def test_in_process_decoder_runner_and_generate_agree(tiny_model: Path) -> None:
     assert ours.start <= ours.token_times[0] <= ours.token_times[-1]
 
 
-def run_with_engine(tiny_model: Path, body: Callable[[EngineClient], Awaitable[T]], **profile: object) -> T:
-    """Start an engine on the tiny model, run `body`, shut the engine down."""
+def run_with_engine(
+    tiny_model: Path, body: Callable[[EngineClient, EngineWorker], Awaitable[T]], **profile: object
+) -> T:
+    """Start an engine (a worker and its client) on the tiny model, run `body`, shut the engine down."""
     import msgspec
 
     config = msgspec.structs.replace(load_profile("cpu"), **profile)
 
     async def main() -> T:
-        engine = EngineClient(tiny_model, config, max_context=512)
+        worker = EngineWorker(tiny_model, config)
+        engine = EngineClient(worker, max_context=512)
         await engine.start()
         await asyncio.wait_for(engine.ready.wait(), 60)
         try:
-            return await body(engine)
+            return await body(engine, worker)
         finally:
             await engine.shutdown()
 
@@ -128,7 +132,7 @@ async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, st
 
 
 def test_engine_stream_matches_full_decode(tiny_model: Path) -> None:
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         text, reason = await text_of(engine, greedy(50))
         tokenizer = ChatTokenizer(tiny_model)
         runner_ids = InProcessDecoder(tiny_model).decode(await engine.encode_chat(PROMPT), 50).token_ids
@@ -138,7 +142,7 @@ def test_engine_stream_matches_full_decode(tiny_model: Path) -> None:
 
 
 def test_seeded_sampling_is_reproducible_and_per_request(tiny_model: Path) -> None:
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         params = SamplingParams(max_tokens=30, temperature=1.0, seed=1234)
         first = await text_of(engine, params)
         # A concurrent unseeded request must not disturb the seeded one.
@@ -152,7 +156,7 @@ def test_seeded_sampling_is_reproducible_and_per_request(tiny_model: Path) -> No
 
 
 def test_abort_frees_the_slot_within_one_step(tiny_model: Path) -> None:
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         prompt = await engine.encode_chat(PROMPT)
         with engine.submit(prompt, greedy(4000)) as stream:
             async for event in stream:
@@ -166,13 +170,13 @@ def test_abort_frees_the_slot_within_one_step(tiny_model: Path) -> None:
         stats = engine.stats()
         assert stats.aborted == 1 and stats.running == 0
         assert stats.steps <= steps_at_abort + 1
-        assert engine._worker.runner is not None and engine._worker.runner.active_sequences == 0
+        assert worker.runner is not None and worker.runner.active_sequences == 0
 
     run_with_engine(tiny_model, body)
 
 
 def test_requests_wait_beyond_max_running_and_overflow_is_refused(tiny_model: Path) -> None:
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         prompt = await engine.encode_chat(PROMPT)
         first = engine.submit(prompt, greedy(3))
         second = engine.submit(prompt, greedy(3))
@@ -192,7 +196,7 @@ def test_requests_that_arrive_together_start_in_one_step(tiny_model: Path) -> No
         with engine.submit(prompt, greedy(3)) as stream:
             return [event.completion_tokens async for event in stream]
 
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         assert engine._tokenizer is not None
         render = engine._tokenizer.encode_chat
 
@@ -202,20 +206,20 @@ def test_requests_that_arrive_together_start_in_one_step(tiny_model: Path) -> No
             return render(messages)
 
         engine._tokenizer.encode_chat = slow_but_the_first  # type: ignore[method-assign]
-        engine._worker.burst.bound_s = 30.0  # generous: a loaded CI machine must not flake
+        worker.burst.bound_s = 30.0  # generous: a loaded CI machine must not flake
         before = engine.stats().steps
         counts = await asyncio.gather(*(one(engine, k) for k in range(6)))
         assert counts == [[1, 2, 3]] * 6
         # One step prefills all six (each gets its first token), two more decode them.
         assert engine.stats().steps - before == 3
-        assert engine._worker.burst.bursty  # six admitted with one wake: the next wake waits
+        assert worker.burst.bursty  # six admitted with one wake: the next wake waits
 
-        engine._worker.burst.bound_s = 0.2
-        engine._worker.arriving(+1)  # a straggler that never comes: the wait is bounded
+        worker.burst.bound_s = 0.2
+        worker.arriving(+1)  # a straggler that never comes: the wait is bounded
         started = time.monotonic()
         assert await one(engine, 7) == [1, 2, 3]
         assert time.monotonic() - started < 10
-        engine._worker.arriving(-1)
+        worker.arriving(-1)
 
     run_with_engine(tiny_model, body)
 
@@ -223,8 +227,8 @@ def test_requests_that_arrive_together_start_in_one_step(tiny_model: Path) -> No
 def test_lone_requests_turn_the_burst_window_off(tiny_model: Path) -> None:
     """The worker's wiring of `BurstGate`: what it admits after each wake feeds the verdict.
     (When the window is waited and for how long: test_burst.py, on a fake clock.)"""
-    async def body(engine: EngineClient) -> None:
-        gate = engine._worker.burst
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
+        gate = worker.burst
         prompt = await engine.encode_chat(PROMPT)
         assert gate.bursty and gate.quiet_s() == 2.0  # nothing seen yet: the first wake waits
         for _ in range(2):  # one request per wake
@@ -236,7 +240,7 @@ def test_lone_requests_turn_the_burst_window_off(tiny_model: Path) -> None:
 
 
 def test_context_check(tiny_model: Path) -> None:
-    async def body(engine: EngineClient) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
         assert engine.check_context(500, None) == 12
         assert engine.check_context(500, 12) == 12
         with pytest.raises(ContextLengthExceeded, match=r"512 tokens.*513"):
@@ -248,8 +252,8 @@ def test_context_check(tiny_model: Path) -> None:
 def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def body(engine: EngineClient) -> None:
-        runner = engine._worker.runner
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
+        runner = worker.runner
         assert runner is not None
         real_step = runner.step
         calls = {"n": 0}
@@ -517,10 +521,10 @@ def test_an_end_of_sequence_token_finishes_with_stop_and_adds_no_text(
 ) -> None:
     """The demo model never emits EOS, so the runner is made to, on its third step."""
 
-    async def body(engine: EngineClient) -> None:
-        runner = engine._worker.runner
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
+        runner = worker.runner
         assert runner is not None
-        eos = min(engine._worker.eos_token_ids)
+        eos = min(worker.eos_token_ids)
         real_step = runner.step
         calls = {"n": 0}
 

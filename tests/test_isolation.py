@@ -22,6 +22,7 @@ from llmd.engine.client import EngineClient
 from llmd.engine.runner import ModelRunner, RowFailure, Sampled, Sampler, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
+from llmd.engine.worker import EngineWorker
 from llmd.errors import EngineFailure
 from tests.conftest import Daemon
 
@@ -184,11 +185,12 @@ def test_the_worker_ends_the_poisoned_request_and_streams_the_others(tiny_model:
             return "".join([event.text async for event in events])
 
     async def main() -> tuple[list[str | BaseException], list[str]]:
-        engine = EngineClient(tiny_model, load_profile("cpu"), max_context=512)
+        worker = EngineWorker(tiny_model, load_profile("cpu"))
+        engine = EngineClient(worker, max_context=512)
         await engine.start()
         try:
             await asyncio.wait_for(engine.ready.wait(), 60)
-            runner = engine._worker.runner
+            runner = worker.runner
             assert runner is not None
             solo = [await stream(engine, texts[k], seeded(k)) for k in range(STREAMS)]
             runner.sampler = poisoning_sampler(good_tokens=3)

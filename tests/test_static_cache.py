@@ -18,6 +18,7 @@ from llmd.engine.runner import ModelRunner
 from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
+from llmd.engine.worker import EngineWorker
 from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of
 
 # Five prompts of 18, 40, 24, 32 and 20 tokens: the second is longer than the column it joins at.
@@ -124,12 +125,13 @@ def test_kv_tensors_show_a_slot_as_the_dynamic_path_holds_it(tiny_model: Path) -
 
 def test_the_engine_serves_a_static_profile(tiny_model: Path) -> None:
     async def main() -> tuple[str, str, float]:
-        engine = EngineClient(tiny_model, static_profile(max_running=2), max_context=512)
+        worker = EngineWorker(tiny_model, static_profile(max_running=2))
+        engine = EngineClient(worker, max_context=512)
         await engine.start()
         await asyncio.wait_for(engine.ready.wait(), 60)
         try:
             text, reason = await text_of(engine, greedy(30))
-            return text, reason, engine._worker.compile_seconds
+            return text, reason, worker.compile_seconds
         finally:
             await engine.shutdown()
 
@@ -215,7 +217,8 @@ def test_the_engine_compiles_before_ready_and_never_while_serving(tiny_model: Pa
     profile = static_profile(max_running=3, max_context=64, compile="default")
 
     async def main() -> tuple[int, list[str], float]:
-        engine = EngineClient(tiny_model, profile, max_context=64)
+        worker = EngineWorker(tiny_model, profile)
+        engine = EngineClient(worker, max_context=64)
         await engine.start()
         await asyncio.wait_for(engine.ready.wait(), 300)
         try:
@@ -223,7 +226,7 @@ def test_the_engine_compiles_before_ready_and_never_while_serving(tiny_model: Pa
             with torch._dynamo.config.patch(error_on_recompile=True):
                 texts = await asyncio.gather(*(complete(engine, 1 + 2 * k, 8 + 3 * k) for k in range(6)))
             assert unique_graphs() == graphs
-            return graphs, texts, engine._worker.compile_seconds
+            return graphs, texts, worker.compile_seconds
         finally:
             await engine.shutdown()
 

@@ -171,7 +171,9 @@ def test_a_cut_prefix_never_counts_more_than_the_whole(model_dir: Path, text: st
 
 def test_the_engine_refuses_early_and_queues_only_large_prompts(tiny_model: Path) -> None:
     async def main() -> None:
-        engine = EngineClient(tiny_model, load_profile("cpu"), max_context=512)
+        from llmd.engine.worker import EngineWorker  # the model side, only for this test
+
+        engine = EngineClient(EngineWorker(tiny_model, load_profile("cpu")), max_context=512)
         await engine.start()
         try:
             with pytest.raises(ContextLengthExceeded, match="at least"):

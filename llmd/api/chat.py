@@ -15,8 +15,9 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.sse import sse_response
-from llmd.engine.client import EngineClient, GenerationStream
+from llmd.engine.client import TokenStream
 from llmd.engine.types import SamplingParams
 from llmd.errors import ClientDisconnected, InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
@@ -46,11 +47,12 @@ class CompletionMeta:
 
 
 @post("/v1/chat/completions", status_code=200)
-async def create_chat_completion(request: Request) -> Response[ChatCompletion] | Stream:
+async def create_chat_completion(
+    request: Request, engine: InjectedEngine, metrics: InjectedMetrics, served: InjectedModel
+) -> Response[ChatCompletion] | Stream:
     """Generate a chat completion, streamed as SSE when `stream` is true."""
-    engine: EngineClient = request.app.state.engine
     body = parse_body(await request.body())
-    check_model(body.model, request.app.state.model_id)
+    check_model(body.model, served.id)
     prompt_ids = await engine.encode_chat(to_template_messages(body.messages))
     params = to_sampling_params(body, engine.check_context(len(prompt_ids), requested_max_tokens(body)))
     meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
@@ -58,7 +60,7 @@ async def create_chat_completion(request: Request) -> Response[ChatCompletion] |
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunks = stream_chunks(stream, meta, include_usage)
-        return sse_response(chunks, request.app.state.metrics.observe_error)
+        return sse_response(chunks, metrics.observe_error)
     return Response(await complete_unless_disconnected(request, stream, meta))
 
 
@@ -141,7 +143,7 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> Sampling
 
 
 async def stream_chunks(
-    stream: GenerationStream, meta: CompletionMeta, include_usage: bool
+    stream: TokenStream, meta: CompletionMeta, include_usage: bool
 ) -> AsyncIterator[ChatCompletionChunk]:
     """Role chunk, one chunk per step with new text, the finish chunk, then usage."""
     with stream:
@@ -161,14 +163,14 @@ def chunk(meta: CompletionMeta, delta: Delta, finish_reason: str | None = None) 
     return ChatCompletionChunk(meta.id, [choice], meta.created, meta.model)
 
 
-def usage(meta: CompletionMeta, stream: GenerationStream) -> Usage:
+def usage(meta: CompletionMeta, stream: TokenStream) -> Usage:
     """Token accounting for a finished stream."""
     completion = stream.completion_tokens
     return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion)
 
 
 async def complete_unless_disconnected(
-    request: Request, stream: GenerationStream, meta: CompletionMeta
+    request: Request, stream: TokenStream, meta: CompletionMeta
 ) -> ChatCompletion:
     """Collect the whole completion, aborting it if the client goes away first."""
     with stream:
@@ -186,7 +188,7 @@ async def complete_unless_disconnected(
         return collect.result()
 
 
-async def collect_completion(stream: GenerationStream, meta: CompletionMeta) -> ChatCompletion:
+async def collect_completion(stream: TokenStream, meta: CompletionMeta) -> ChatCompletion:
     """All of a stream's text as one `chat.completion`."""
     parts: list[str] = []
     finish_reason = "stop"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from litestar import Request, Response
+from litestar import Response
 
 from llmd.api.access import OPEN
+from llmd.api.dependencies import InjectedEngine
 from llmd.api.routes import get
-from llmd.engine.client import EngineClient
 
 
 @get("/health", opt={OPEN: True})
@@ -19,9 +19,8 @@ async def health() -> dict[str, str]:
 
 
 @get("/ready", opt={OPEN: True})
-async def ready(request: Request) -> Response[dict[str, str]]:
+async def ready(engine: InjectedEngine) -> Response[dict[str, str]]:
     """200 once the model is loaded and warmed up, 503 before and while shutting down."""
-    engine: EngineClient = request.app.state.engine
     if engine.draining:
         return Response({"status": "draining"}, status_code=503, headers={"Retry-After": "5"})
     if engine.ready.is_set():
@@ -30,7 +29,6 @@ async def ready(request: Request) -> Response[dict[str, str]]:
 
 
 @get("/stats")
-async def stats(request: Request) -> dict[str, Any]:
+async def stats(engine: InjectedEngine) -> dict[str, Any]:
     """The engine's counters (steps, running, waiting, tokens) as JSON."""
-    engine: EngineClient = request.app.state.engine
     return asdict(engine.stats())

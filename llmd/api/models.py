@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from litestar import Request
-
+from llmd.api.dependencies import InjectedModel
 from llmd.api.routes import get
 from llmd.protocol import Model, ModelList
 
 
 @get("/v1/models")
-async def list_models(request: Request) -> ModelList:
+async def list_models(served: InjectedModel) -> ModelList:
     """List the served model."""
-    state = request.app.state
-    return ModelList([Model(state.model_id, state.started_at, "llmd")])
+    return ModelList([Model(served.id, served.created, "llmd")])

@@ -9,12 +9,12 @@ ends the stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 from litestar.response import Stream
 
-from llmd.api.errors import error_body
+from llmd.api.errors import ErrorCounter, error_body
 from llmd.errors import EngineFailure, LlmdError
 
 log = logging.getLogger("llmd.api")
@@ -27,9 +27,6 @@ HEADERS = {
 }
 
 _encoder = msgspec.json.Encoder()
-
-# Told the code (or type) of each in-stream error: `Metrics.observe_error`.
-ErrorCounter = Callable[[str], None]
 
 
 def event(payload: msgspec.Struct) -> bytes:

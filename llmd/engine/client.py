@@ -1,8 +1,10 @@
-"""The async facade the API layer uses: `generate`, `abort`, readiness and stats.
+"""The seam between the API layer and the engine: the `Engine` protocol and the native client.
 
-It owns the asyncio side of every request: a queue of `TokenEvent`s filled from the
-worker thread with `loop.call_soon_threadsafe`, the admission bound, and the abort in
-`finally` that frees a vanished client's slot.
+`Engine` (and the `TokenStream` its `submit` returns) is all that `api/` sees of an engine;
+a test's fake and the native `EngineClient` both fit it. `EngineClient` owns the asyncio side
+of every request over its worker thread: a queue of `TokenEvent`s filled from the worker with
+`loop.call_soon_threadsafe`, the admission bound, and the abort in `finally` that frees a
+vanished client's slot.
 """
 
 from __future__ import annotations
@@ -13,12 +15,10 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from llmd.config import Profile
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
@@ -31,22 +31,85 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmd.engine")
 
 
+class TokenStream(Protocol):
+    """One submitted request's events, in order; leaving the `with` before the end aborts it."""
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated so far (all of them once the stream has ended)."""
+        ...
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
+
+    def __enter__(self) -> TokenStream: ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+
+class Engine(Protocol):
+    """Everything the API layer uses of an engine: readiness, the prompt's ids, its budget, submit, stats."""
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once the model is loaded and warmed up."""
+        ...
+
+    @property
+    def draining(self) -> bool:
+        """True from the first stop signal on: new requests are refused."""
+        ...
+
+    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Prompt ids for chat messages (role and text content, as the chat template takes them)."""
+        ...
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The completion budget for this prompt; raises `ContextLengthExceeded` when it cannot fit."""
+        ...
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> TokenStream:
+        """Admit a request; raises `Overloaded` (full, loading) or `ShuttingDown` (draining)."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters."""
+        ...
+
+
+def context_budget(max_context: int, prompt_tokens: int, max_tokens: int | None) -> int:
+    """Completion tokens a prompt may have in `max_context`: all the room, or `max_tokens` if it fits."""
+    room = max_context - prompt_tokens
+    if max_tokens is None and room >= 1:
+        return room
+    if max_tokens is not None and max_tokens <= room:
+        return max_tokens
+    asked = prompt_tokens + (max_tokens or 1)
+    raise ContextLengthExceeded(
+        f"This model's maximum context length is {max_context} tokens. However, you "
+        f"requested {asked} tokens ({prompt_tokens} in the messages, "
+        f"{max_tokens or 1} in the completion). Please reduce the length of the messages "
+        "or completion.",
+        param="messages",
+    )
+
+
 class EngineClient:
     """Submits requests to the one worker and streams their events back."""
 
-    def __init__(self, model_dir: str | Path, profile: Profile, max_context: int) -> None:
-        self.profile = profile
-        self.max_context = max_context
-        self._model_dir = model_dir
-        # Imported here so the API layer (and its unit tests) import without torch.
-        from llmd.engine.worker import EngineWorker, WorkerHooks
+    def __init__(self, worker: EngineWorker, max_context: int) -> None:
+        """Attach to `worker` (not started yet) as its one listener; `max_context` bounds every prompt."""
+        from llmd.engine.worker import WorkerHooks  # lazily: the API layer imports without torch
 
-        self._worker: EngineWorker = EngineWorker(model_dir, profile, WorkerHooks(
+        self.profile = worker.profile
+        self.max_context = max_context
+        self._worker = worker
+        worker.hooks = WorkerHooks(
             deliver=self._deliver_from_worker,
             on_ready=self._ready_from_worker,
             on_fatal=self._fatal_from_worker,
             on_phase=self._phase_from_worker,
-        ))
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, GenerationStream] = {}
         self._ids = itertools.count()
@@ -69,7 +132,7 @@ class EngineClient:
         self.failed = self._loop.create_future()
         from llmd.engine.tokenizer import ChatTokenizer
 
-        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._model_dir, self.max_context)
+        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._worker.model_dir, self.max_context)
         self._worker.start()
 
     async def shutdown(self) -> None:
@@ -132,19 +195,7 @@ class EngineClient:
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises when it cannot fit."""
-        room = self.max_context - prompt_tokens
-        if max_tokens is None and room >= 1:
-            return room
-        if max_tokens is not None and max_tokens <= room:
-            return max_tokens
-        asked = prompt_tokens + (max_tokens or 1)
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {self.max_context} tokens. However, you "
-            f"requested {asked} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens or 1} in the completion). Please reduce the length of the messages "
-            "or completion.",
-            param="messages",
-        )
+        return context_budget(self.max_context, prompt_tokens, max_tokens)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
         """Admit a request and hand it to the worker; raises `Overloaded` when full.

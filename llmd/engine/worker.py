@@ -35,23 +35,27 @@ Delivery = Callable[[list[tuple[str, TokenEvent]]], None]
 WARMUP_TOKENS = 4
 
 
+def unheard(*args: object) -> None:
+    """Where the worker reports until a listener attaches (`EngineClient` replaces the hooks)."""
+
+
 @dataclass(slots=True)
 class WorkerHooks:
     """How the worker reports back: per-step events, readiness, and a fatal load error."""
 
-    deliver: Delivery
-    on_ready: Callable[[], None]
-    on_fatal: Callable[[BaseException], None]
+    deliver: Delivery = unheard
+    on_ready: Callable[[], None] = unheard
+    on_fatal: Callable[[BaseException], None] = unheard
     on_phase: Callable[[str], None] | None = None  # start-up phases, e.g. for systemd STATUS
 
 
 class EngineWorker:
     """Runs the step loop on its own thread; thread-safe `submit`, `abort`, `stop`."""
 
-    def __init__(self, model_dir: str | Path, profile: Profile, hooks: WorkerHooks) -> None:
+    def __init__(self, model_dir: str | Path, profile: Profile, hooks: WorkerHooks | None = None) -> None:
         self.model_dir = model_dir
         self.profile = profile
-        self.hooks = hooks
+        self.hooks = hooks if hooks is not None else WorkerHooks()
         self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens, profile.max_step_tokens)
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()

@@ -1,0 +1,111 @@
+"""A typed fake `Engine` for the api tier: scripted text, scripted refusals and failures, no model.
+
+It fits `llmd.engine.client.Engine` exactly (mypy checks `_fits`); what it was asked and how its
+streams ended is recorded so a test can assert on it (`submitted`, `streams`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from llmd.engine.client import Engine, context_budget
+from llmd.engine.types import EngineStats, FinishReason, SamplingParams, TokenEvent
+from llmd.errors import LlmdError, Overloaded, ShuttingDown
+
+DEFAULT_PIECES = ("Hello", ",", " world", "!")
+
+
+@dataclass
+class FakeStream:
+    """The events of one fake request: `pieces` one per event, then a finish; or `failure` midway."""
+
+    pieces: Sequence[str]
+    max_tokens: int
+    failure: LlmdError | None = None
+    fail_after: int = 0
+    completion_tokens: int = 0
+    closed: bool = False
+    finished: bool = False
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent]:
+        return self.events()
+
+    async def events(self) -> AsyncIterator[TokenEvent]:
+        """One event per piece up to `max_tokens` (the last carrying the finish reason)."""
+        count = min(len(self.pieces), self.max_tokens)
+        for index, piece in enumerate(self.pieces[:count]):
+            if self.failure is not None and index == self.fail_after:
+                raise self.failure
+            self.completion_tokens = index + 1
+            last = index == count - 1
+            yield TokenEvent(piece, index + 1, finish_reason(count, self.max_tokens) if last else None)
+            await asyncio.sleep(0)
+        self.finished = True
+
+    def __enter__(self) -> FakeStream:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.closed = True
+
+
+def finish_reason(produced: int, max_tokens: int) -> FinishReason:
+    """`length` when the budget ran out, `stop` when the script did."""
+    return FinishReason.LENGTH if produced >= max_tokens else FinishReason.STOP
+
+
+@dataclass
+class FakeEngine:
+    """An `Engine` that answers every request with `pieces`, unless told to refuse or fail."""
+
+    pieces: Sequence[str] = DEFAULT_PIECES
+    max_context: int = 4096
+    prompt_tokens: int = 7
+    refusal: LlmdError | None = None  # raised by `submit` (Overloaded, ShuttingDown, ...)
+    failure: LlmdError | None = None  # raised by a stream after `fail_after` events
+    fail_after: int = 0
+    draining: bool = False
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    counters: EngineStats = field(default_factory=lambda: EngineStats(3, 0, 0, 1, 0, 12, 0, 0))
+    encoded: list[list[dict[str, Any]]] = field(default_factory=list)
+    submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
+    streams: list[FakeStream] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ready.set()
+
+    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """`prompt_tokens` ids, whatever the messages (recorded in `encoded`)."""
+        self.encoded.append(messages)
+        return list(range(self.prompt_tokens))
+
+    def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
+        """The native client's budget rule over `max_context`."""
+        return context_budget(self.max_context, prompt_tokens, max_tokens)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> FakeStream:
+        """A scripted stream; refused as the native client refuses (draining, loading), or with `refusal`."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down; retry against its successor")
+        if not self.ready.is_set():
+            raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
+        if self.refusal is not None:
+            raise self.refusal
+        self.submitted.append((prompt_ids, params))
+        stream = FakeStream(self.pieces, params.max_tokens, self.failure, self.fail_after)
+        self.streams.append(stream)
+        return stream
+
+    def stats(self) -> EngineStats:
+        """The scripted counters."""
+        return self.counters
+
+
+def _fits(fake: FakeEngine) -> Engine:
+    """Never called: mypy checks here that the fake is an `Engine`."""
+    return fake
