@@ -28,8 +28,8 @@ from msgspec.structs import replace
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmd.config import Profile, load_profile
-from llmd.engine.runner import ModelRunner
-from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
 from llmd.preflight import plan_for_model
 from llmd.units import GiB, mib

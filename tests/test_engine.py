@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.offline import InProcessDecoder
-from llmd.engine.runner import ModelRunner, Sampled, sample
+from llmd.engine.model.runner import ModelRunner, Sampled, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
@@ -44,7 +44,7 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
 
 def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
     """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
-    import llmd.engine.runner as runner_module
+    import llmd.engine.model.runner as runner_module
 
     seen: dict[int, list[torch.Tensor]] = {}
     real_sample = runner_module.sample

@@ -18,8 +18,8 @@ import llmd
 
 # Where torch (or transformers' tokenizer, which may load it) is allowed.
 MODEL_SIDE = {
-    "llmd.engine.checkup", "llmd.engine.direct", "llmd.engine.loader",
-    "llmd.engine.offline", "llmd.engine.onednn", "llmd.engine.runner", "llmd.engine.static",
+    "llmd.checkup", "llmd.engine.model.layer_walk", "llmd.engine.model.loader",
+    "llmd.engine.offline", "llmd.engine.model.onednn", "llmd.engine.model.runner", "llmd.engine.model.static_batch",
     "llmd.engine.tokenizer", "llmd.engine.worker",
 }
 

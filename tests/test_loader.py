@@ -10,7 +10,7 @@ import torch
 from msgspec.structs import replace
 
 from llmd.config import load_profile
-from llmd.engine.loader import (
+from llmd.engine.model.loader import (
     BACKENDS,
     load_model,
     misplaced_tensors,
@@ -19,7 +19,7 @@ from llmd.engine.loader import (
     tuning_checklist,
     verify_placement,
 )
-from llmd.engine.runner import ModelRunner
+from llmd.engine.model.runner import ModelRunner
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import PreflightRefusal
 from tests.conftest import start_daemon

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from llmd.config import load_profile
-from llmd.engine.runner import DecodeBatch, ModelRunner
+from llmd.engine.model.runner import DecodeBatch, ModelRunner
 from llmd.engine.types import Request, SamplingParams
 
 WINDOW = 16  # shorter than the prompts, so the window bites

@@ -14,8 +14,8 @@ from msgspec.structs import replace
 from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.offline import InProcessDecoder
-from llmd.engine.runner import ModelRunner
-from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
 from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of

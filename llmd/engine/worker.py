@@ -22,8 +22,8 @@ from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
-from llmd.engine.loader import attention_summary, sdpa_preference
-from llmd.engine.runner import ModelRunner, RowFailure, Sampled
+from llmd.engine.model.loader import attention_summary, sdpa_preference
+from llmd.engine.model.runner import ModelRunner, RowFailure, Sampled
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent

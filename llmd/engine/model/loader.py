@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
-from llmd.engine.onednn import PackedLinear, PackReport, pack_linears, unavailable_reason, unpack_linears
+from llmd.engine.model.onednn import PackedLinear, PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.errors import DeviceUnavailable, PreflightRefusal
 
 log = logging.getLogger("llmd.engine")

@@ -40,7 +40,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from llmd.engine.direct import DirectDecoder
+from llmd.engine.model.layer_walk import DirectDecoder
 
 
 class UnsupportedCache(ValueError):

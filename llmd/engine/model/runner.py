@@ -20,9 +20,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from llmd.config import Profile
-from llmd.engine import direct
-from llmd.engine.loader import DTYPES, load_model, logits_differ
-from llmd.engine.static import PrefillInput, StaticDecodeBatch, UnsupportedCache
+from llmd.engine.model import layer_walk as direct
+from llmd.engine.model.loader import DTYPES, load_model, logits_differ
+from llmd.engine.model.static_batch import PrefillInput, StaticDecodeBatch, UnsupportedCache
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import EngineFailure
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmd.config import Profile
-from llmd.engine.loader import Check, LoadReport, sdpa_preference, tuning_checklist
-from llmd.engine.runner import ModelRunner
+from llmd.engine.model.loader import Check, LoadReport, sdpa_preference, tuning_checklist
+from llmd.engine.model.runner import ModelRunner
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.units import mib
