@@ -53,7 +53,7 @@ def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path:
     path = saved_model(tmp_path, kind, **LAYOUTS[kind])
     runner = ModelRunner(path, load_profile("cpu"))
     assert runner.direct_problem is None
-    assert isinstance(runner._batch, StaticDecodeBatch) and runner._batch.direct is not None
+    assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is not None
     requests = [Request(f"r{k}", prompt, greedy(100)) for k, prompt in enumerate(PROMPTS)]
     # joins of longer and shorter prompts (padded rows), and a leave in the middle
     tokens = staggered_batch(runner, requests, steps=14, leave={6: "r1"})
@@ -88,7 +88,7 @@ def test_a_direct_step_that_disagrees_with_transformers_is_not_used(
         runner = ModelRunner(tiny_model, load_profile("cpu"))
     assert runner.direct_problem is not None and "logits differ" in runner.direct_problem
     assert "the direct step failed its probe" in caplog.text
-    assert isinstance(runner._batch, StaticDecodeBatch) and runner._batch.direct is None
+    assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is None
     assert runner.active_sequences == 0  # the probe's requests are gone
     request = Request("r", PROMPTS[2], greedy(6))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(5)]
@@ -102,7 +102,7 @@ def test_a_lone_request_runs_without_a_mask_and_a_padded_batch_with_one(
     real_forward = layer_walk.DirectDecoder.forward
 
     def recording_forward(self: layer_walk.DirectDecoder, *args: Any) -> torch.Tensor:
-        masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound _Window.attend
+        masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound Window.attend
         return real_forward(self, *args)
 
     runner = ModelRunner(tiny_model, load_profile("cpu"))

@@ -13,9 +13,9 @@ from msgspec.structs import replace
 
 from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.offline import InProcessDecoder
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
+from llmd.engine.offline import InProcessDecoder
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
 from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of
@@ -37,8 +37,8 @@ def prompts_of(tiny_model: Path, words: list[int]) -> list[list[int]]:
 
 
 def static_batch(runner: ModelRunner) -> StaticDecodeBatch:
-    assert isinstance(runner._batch, StaticDecodeBatch)
-    return runner._batch
+    assert isinstance(runner.batch, StaticDecodeBatch)
+    return runner.batch
 
 
 def each_alone(tiny_model: Path, prompts: list[list[int]], counts: dict[str, int]) -> dict[str, list[int]]:

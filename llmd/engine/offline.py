@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from llmd.config import load_profile
-from llmd.engine.model.runner import ModelRunner, measure_generate
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.timing import measure_generate
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 
