@@ -5,7 +5,7 @@ as safetensors, then for `24gb-bf16-compile` and `12gb-4bit`: the memory plan fo
 and a 12 GiB card and against the free memory measured now, the refusal for a card too
 small, the memory measured after loading (weights, then the peak after serving a stream),
 the warm-up (compile) time, and single-stream decode tokens/s eager vs compiled. Prints one
-table. An eager static cache decodes through the direct step (llmd/engine/direct.py) and is
+table. An eager static cache decodes through the direct step (llmd/engine/model/layer_walk.py) and is
 timed both ways on the same loaded model. Meant to run in under 8 minutes on one H200:
 
     .venv/bin/python scripts/gpu_check.py --out /tmp/gpu-check
