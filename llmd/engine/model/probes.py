@@ -31,9 +31,13 @@ NOT_FUSABLE = "it needs kv_cache: static, compile: none and SDPA attention"
 class ProbeHost(Protocol):
     """What the probes drive: the runner's prefill-and-join and its release."""
 
-    def first_token(self, request: Request) -> int: ...
+    def first_token(self, request: Request) -> int:
+        """Prefill the whole prompt, join the batch, return the first token."""
+        ...
 
-    def release(self, request_id: str, *, failed: bool = False) -> None: ...
+    def release(self, request_id: str, *, failed: bool = False) -> None:
+        """Drop the request from the batch."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
