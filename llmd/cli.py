@@ -129,7 +129,7 @@ def run_check(args: argparse.Namespace) -> int:
     if skip:
         print(f"\ntuning checklist: skipped ({skip})")
         return 0
-    from llmd.engine.checkup import render_checkup, run_checkup
+    from llmd.checkup import render_checkup, run_checkup
 
     checkup = run_checkup(model_dir, plan.profile)
     print()

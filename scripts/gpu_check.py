@@ -5,7 +5,7 @@ as safetensors, then for `24gb-bf16-compile` and `12gb-4bit`: the memory plan fo
 and a 12 GiB card and against the free memory measured now, the refusal for a card too
 small, the memory measured after loading (weights, then the peak after serving a stream),
 the warm-up (compile) time, and single-stream decode tokens/s eager vs compiled. Prints one
-table. An eager static cache decodes through the direct step (llmd/engine/direct.py) and is
+table. An eager static cache decodes through the direct step (llmd/engine/model/layer_walk.py) and is
 timed both ways on the same loaded model. Meant to run in under 8 minutes on one H200:
 
     .venv/bin/python scripts/gpu_check.py --out /tmp/gpu-check
@@ -28,8 +28,8 @@ from msgspec.structs import replace
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from llmd.config import Profile, load_profile
-from llmd.engine.runner import ModelRunner
-from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
 from llmd.preflight import plan_for_model
 from llmd.units import GiB, mib
@@ -121,7 +121,7 @@ def measure(model_dir: Path, profile: Profile) -> dict[str, Any]:
     peak = (torch.cuda.max_memory_allocated() - before) if torch.cuda.is_available() else 0
     result = {"load_s": runner.load_report.seconds, "weights": weights, "after_setup": after_setup,
               "peak": peak, "warmup_s": warmup, "tok_s": rate, "direct": runner.direct_problem or "used"}
-    batch = runner._batch
+    batch = runner.batch
     if isinstance(batch, StaticDecodeBatch) and batch.direct is not None:
         decoder, batch.direct = batch.direct, None  # the same steps through transformers' forward
         result["tok_s_transformers"] = decode_rate(runner)

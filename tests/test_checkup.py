@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from llmd.checkup import run_checkup
 from llmd.config import load_profile
 from llmd.demo.build import build_demo_model
-from llmd.engine.checkup import run_checkup
 from llmd.preflight import MemoryBudget, memory_plan, read_model_shape
 
 CPU = load_profile("cpu")

@@ -11,9 +11,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from llmd.config import load_profile
-from llmd.engine import direct
-from llmd.engine.runner import ModelRunner
-from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.model import layer_walk
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
 from tests.test_engine import greedy, staggered_batch
 
@@ -53,7 +53,7 @@ def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path:
     path = saved_model(tmp_path, kind, **LAYOUTS[kind])
     runner = ModelRunner(path, load_profile("cpu"))
     assert runner.direct_problem is None
-    assert isinstance(runner._batch, StaticDecodeBatch) and runner._batch.direct is not None
+    assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is not None
     requests = [Request(f"r{k}", prompt, greedy(100)) for k, prompt in enumerate(PROMPTS)]
     # joins of longer and shorter prompts (padded rows), and a leave in the middle
     tokens = staggered_batch(runner, requests, steps=14, leave={6: "r1"})
@@ -65,9 +65,9 @@ def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path:
 def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Path) -> None:
     path = saved_model(tmp_path, "gemma", head_dim=16)  # scaled embeddings, (1 + w) norms
     model = AutoModelForCausalLM.from_pretrained(path)
-    assert "model type 'gemma'" in (direct.unsupported_reason(model) or "")
+    assert "model type 'gemma'" in (layer_walk.unsupported_reason(model) or "")
     with pytest.raises(ValueError, match="gemma"):
-        direct.DirectDecoder(model)
+        layer_walk.DirectDecoder(model)
     runner = ModelRunner(path, load_profile("cpu"))
     assert runner.direct_problem is not None and "gemma" in runner.direct_problem
     request = Request("r", PROMPTS[1], greedy(8))
@@ -78,17 +78,17 @@ def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Pa
 def test_a_direct_step_that_disagrees_with_transformers_is_not_used(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def no_rotary(self: direct.DirectDecoder, model: Any) -> None:  # a plausible bug
+    def no_rotary(self: layer_walk.DirectDecoder, model: Any) -> None:  # a plausible bug
         real_init(self, model)
         self._rope = lambda q, k, cos, sin: (q, k)
 
-    real_init = direct.DirectDecoder.__init__
-    monkeypatch.setattr(direct.DirectDecoder, "__init__", no_rotary)
+    real_init = layer_walk.DirectDecoder.__init__
+    monkeypatch.setattr(layer_walk.DirectDecoder, "__init__", no_rotary)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(tiny_model, load_profile("cpu"))
     assert runner.direct_problem is not None and "logits differ" in runner.direct_problem
     assert "the direct step failed its probe" in caplog.text
-    assert isinstance(runner._batch, StaticDecodeBatch) and runner._batch.direct is None
+    assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is None
     assert runner.active_sequences == 0  # the probe's requests are gone
     request = Request("r", PROMPTS[2], greedy(6))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(5)]
@@ -99,14 +99,14 @@ def test_a_lone_request_runs_without_a_mask_and_a_padded_batch_with_one(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     masks: list[bool] = []
-    real_forward = direct.DirectDecoder.forward
+    real_forward = layer_walk.DirectDecoder.forward
 
-    def recording_forward(self: direct.DirectDecoder, *args: Any) -> torch.Tensor:
-        masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound _Window.attend
+    def recording_forward(self: layer_walk.DirectDecoder, *args: Any) -> torch.Tensor:
+        masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound Window.attend
         return real_forward(self, *args)
 
     runner = ModelRunner(tiny_model, load_profile("cpu"))
-    monkeypatch.setattr(direct.DirectDecoder, "forward", recording_forward)
+    monkeypatch.setattr(layer_walk.DirectDecoder, "forward", recording_forward)
     first, second = (Request(f"r{k}", PROMPTS[3 - 2 * k], greedy(10)) for k in range(2))
     runner.first_token(first)
     runner.decode([first])

@@ -16,7 +16,9 @@ from transformers import AutoModelForCausalLM
 from llmd.bench.decoder import InProcessDecoder
 from llmd.config import load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.runner import ModelRunner, Sampled, sample
+from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.sampling import Sampled, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker
@@ -45,16 +47,16 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
 
 def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
     """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
-    import llmd.engine.runner as runner_module
+    import llmd.engine.model.sampling as sampling_module
 
     seen: dict[int, list[torch.Tensor]] = {}
-    real_sample = runner_module.sample
+    real_sample = sampling_module.sample
 
     def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
         seen.setdefault(params.max_tokens, []).append(logits.clone())
         return real_sample(logits, params, *rest)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner_module, "sample", recording_sample)
+    monkeypatch.setattr(sampling_module, "sample", recording_sample)
     return seen
 
 
@@ -348,8 +350,8 @@ def test_a_burst_prefilled_together_equals_each_request_alone(
         for request, token in zip(burst, runner.decode([early, *burst])[1:], strict=True):
             together[request.request_id].append(token)
     batched_logits = {k: list(v) for k, v in seen.items()}
-    entry = next(iter(runner.prefix_cache._entries.values()))
-    keys = entry.layers[0][0]
+    stored = next(runner.prefix_cache.index.payloads())
+    keys = stored[0][0]
     assert keys.untyped_storage().nbytes() == keys.numel() * keys.element_size(), "a view of the batch"
     for request in (early, *burst):
         runner.release(request.request_id)
@@ -365,7 +367,8 @@ def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
     short = Request("s", tokenizer.encode_chat([{"role": "user", "content": "hi"}]), greedy(50))
     long = Request("l", tokenizer.encode_chat([{"role": "user", "content": "word " * 40}]), greedy(50))
     staggered_batch(runner, [long, short], steps=4, leave={3: "l"})
-    batch = runner._batch
+    batch = runner.batch
+    assert isinstance(batch, DynamicDecodeBatch)
     assert batch.request_ids == ["s"] and batch.mask is not None and bool(batch.mask.all())
     assert batch.cache is not None  # two decode steps since the short prompt's prefill:
     assert batch.cache.get_seq_length() == len(short.prompt_ids) + 2
@@ -397,7 +400,7 @@ def test_fused_steps_equal_each_request_alone(
     runner = ModelRunner(tiny_model, load_profile("cpu"))
     assert runner.fused and (runner.direct_problem is None)
     if not direct:  # what a model the direct step does not take runs
-        monkeypatch.setattr(runner._batch, "direct", None)
+        monkeypatch.setattr(runner.batch, "direct", None)
     passes = count_forward_passes(runner, monkeypatch)
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "word " * (4 * k + 1)}])
@@ -438,7 +441,7 @@ def count_forward_passes(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -
     """A list that gets one entry per forward pass of the runner's model, through transformers'
     forward or through the direct decode step."""
     passes: list[int] = []
-    decoder = getattr(runner._batch, "direct", None)
+    decoder = getattr(runner.batch, "direct", None)
     for owner in (runner.model, decoder) if decoder is not None else (runner.model,):
         real_forward = owner.forward
 

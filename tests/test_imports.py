@@ -18,8 +18,11 @@ import llmd
 
 # Where torch (or transformers' tokenizer, which may load it) is allowed.
 MODEL_SIDE = {
-    "llmd.engine.checkup", "llmd.engine.direct", "llmd.engine.loader",
-    "llmd.engine.onednn", "llmd.engine.runner", "llmd.engine.static",
+    *(f"llmd.engine.model.{name}" for name in (
+        "attention", "batch", "dynamic_batch", "layer_walk", "loader", "onednn", "prefill",
+        "prefix_cache", "request_cache", "probes", "runner", "sampling", "sdpa", "static_batch",
+        "threads", "timing",
+    )),
     "llmd.engine.tokenizer", "llmd.engine.worker",
 }
 
@@ -31,7 +34,8 @@ def torch_free_modules() -> list[str]:
 
 def test_every_module_outside_the_model_side_imports_without_torch() -> None:
     modules = torch_free_modules()
-    assert {"llmd.api.app", "llmd.engine.client", "llmd.engine.scheduler", "llmd.config"} <= set(modules)
+    assert {"llmd.api.app", "llmd.engine.client", "llmd.engine.scheduler", "llmd.config", "llmd.checkup",
+            "llmd.engine.model.prefix_index"} <= set(modules)
     code = ("import importlib, sys\n"
             f"for name in {modules!r}:\n"
             "    importlib.import_module(name)\n"
@@ -80,3 +84,16 @@ def test_no_llmd_module_imports_itself_back_through_others() -> None:
     graph = llmd_imports()
     cycles = sorted(name for name in graph if name in reachable(graph, name))
     assert not cycles, f"import cycles through: {cycles}"
+
+
+def test_the_model_side_list_names_every_module_that_imports_torch_or_transformers() -> None:
+    names = {m.name for m in pkgutil.walk_packages(llmd.__path__, "llmd.")}
+    assert names >= MODEL_SIDE, MODEL_SIDE - names
+
+
+def test_the_worker_reaches_torch_only_through_the_runner() -> None:
+    """GPU memory and out-of-memory detection are the runner's: the worker's own text has no torch."""
+    tree = ast.parse(Path(source_file("llmd.engine.worker")).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] == "torch"}

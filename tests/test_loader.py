@@ -9,17 +9,11 @@ import pytest
 import torch
 from msgspec.structs import replace
 
+from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
-from llmd.engine.loader import (
-    BACKENDS,
-    load_model,
-    misplaced_tensors,
-    sdpa_backend_status,
-    target_device,
-    tuning_checklist,
-    verify_placement,
-)
-from llmd.engine.runner import ModelRunner
+from llmd.engine.model.loader import load_model, misplaced_tensors, target_device, verify_placement
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.sdpa import BACKENDS, sdpa_backend_status
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import PreflightRefusal
 from tests.conftest import start_daemon
@@ -41,8 +35,7 @@ def kv_keys(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:
     """A key tensor from a real prefill through the runner."""
     request = Request("probe", prompt, SamplingParams(max_tokens=2))
     runner.first_token(request)
-    assert runner._batch.cache is not None
-    keys: torch.Tensor = runner._batch.cache.layers[0].keys
+    keys = runner.kv_tensors(request.request_id)[0][0]
     runner.release("probe")
     return keys
 

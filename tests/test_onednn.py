@@ -12,11 +12,14 @@ import pytest
 import torch
 from msgspec.structs import replace
 
+from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
-from llmd.engine.loader import load_model, tensor_bytes, tuning_checklist
-from llmd.engine.onednn import PackedLinear, pack_linears, unpack_linears
-from llmd.engine.runner import DecodeBatch, ModelRunner, ThreadPlan
-from llmd.engine.static import StaticDecodeBatch, UnsupportedCache
+from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
+from llmd.engine.model.loader import load_model, tensor_bytes
+from llmd.engine.model.onednn import PackedLinear, pack_linears, unpack_linears
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
+from llmd.engine.model.threads import ThreadPlan
 from llmd.errors import ConfigError
 
 CPU = load_profile("cpu")
@@ -110,19 +113,20 @@ def test_an_eager_static_cache_falls_back_for_layers_it_cannot_hold(
         raise UnsupportedCache("kv_cache: static handles full-attention layers only, this model also has "
                                "SlidingWindowLayer")
 
-    monkeypatch.setattr("llmd.engine.static._allocate", sliding)
+    monkeypatch.setattr("llmd.engine.model.static_batch._allocate", sliding)
     assert CPU.kv_cache == "static"
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(tiny_model, CPU)
-    assert isinstance(runner._batch, DecodeBatch) and "decoding with the dynamic cache instead" in caplog.text
+    assert isinstance(runner.batch, DynamicDecodeBatch)
+    assert "decoding with the dynamic cache instead" in caplog.text
     with pytest.raises(UnsupportedCache):
         ModelRunner(tiny_model, replace(CPU, compile="default", onednn_linear=False))
     monkeypatch.undo()
-    assert isinstance(ModelRunner(tiny_model, CPU)._batch, StaticDecodeBatch)
+    assert isinstance(ModelRunner(tiny_model, CPU).batch, StaticDecodeBatch)
 
 
 def test_with_packed_weights_a_lone_stream_decodes_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llmd.engine.runner.psutil.cpu_count", lambda logical=True: 4)
+    monkeypatch.setattr("llmd.engine.model.threads.psutil.cpu_count", lambda logical=True: 4)
     packed = ThreadPlan.for_profile(CPU)
     plain = ThreadPlan.for_profile(replace(CPU, onednn_linear=False))
     pinned = ThreadPlan.for_profile(replace(CPU, torch_threads=3))
@@ -141,6 +145,6 @@ def test_both_primitive_caches_are_capped_unless_the_user_set_them(preset: str |
     env = {k: v for k, v in os.environ.items() if k not in names}
     if preset is not None:
         env |= dict.fromkeys(names, preset)
-    code = f"import os, llmd.engine.onednn; print(*(os.environ[n] for n in {names!r}))"
+    code = f"import os, llmd.engine.model.onednn; print(*(os.environ[n] for n in {names!r}))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [expected, expected]

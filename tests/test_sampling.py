@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmd.engine.runner import (
+from llmd.engine.model.sampling import (
     apply_penalties,
     generator_seed,
     keep_top_k,

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from llmd.config import load_profile
-from llmd.engine.runner import DecodeBatch, ModelRunner
+from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
+from llmd.engine.model.runner import ModelRunner
 from llmd.engine.types import Request, SamplingParams
 
 WINDOW = 16  # shorter than the prompts, so the window bites
@@ -35,7 +36,7 @@ def test_staggered_chunked_and_reused_requests_decode_as_generate_does_alone(
     path, model = sliding_model
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(path, load_profile("cpu"))
-    assert isinstance(runner._batch, DecodeBatch), "the static cache falls back for sliding windows"
+    assert isinstance(runner.batch, DynamicDecodeBatch), "the static cache falls back for sliding windows"
     assert "decoding with the dynamic cache instead" in caplog.text
     shared = list(range(3, 23))  # 20 tokens: reused by the later requests (prefix_min_match 16)
     prompts = [shared + [100 + k] * (3 + 9 * k) for k in range(3)]

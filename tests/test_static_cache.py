@@ -14,8 +14,8 @@ from msgspec.structs import replace
 from llmd.bench.decoder import InProcessDecoder
 from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.runner import ModelRunner
-from llmd.engine.static import StaticDecodeBatch
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
 from llmd.engine.worker import EngineWorker
@@ -38,8 +38,8 @@ def prompts_of(tiny_model: Path, words: list[int]) -> list[list[int]]:
 
 
 def static_batch(runner: ModelRunner) -> StaticDecodeBatch:
-    assert isinstance(runner._batch, StaticDecodeBatch)
-    return runner._batch
+    assert isinstance(runner.batch, StaticDecodeBatch)
+    return runner.batch
 
 
 def each_alone(tiny_model: Path, prompts: list[list[int]], counts: dict[str, int]) -> dict[str, list[int]]:

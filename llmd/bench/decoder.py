@@ -16,7 +16,7 @@ from llmd.config import load_profile
 from llmd.engine.types import Request, SamplingParams
 
 if TYPE_CHECKING:
-    from llmd.engine.runner import ModelRunner
+    from llmd.engine.model.runner import ModelRunner
     from llmd.engine.tokenizer import ChatTokenizer
 
 
@@ -33,7 +33,7 @@ class InProcessDecoder:
     """The model and tokenizer loaded as the daemon loads them, driven directly."""
 
     def __init__(self, model: str | Path, profile: str = "cpu") -> None:
-        from llmd.engine.runner import ModelRunner
+        from llmd.engine.model.runner import ModelRunner
         from llmd.engine.tokenizer import ChatTokenizer
 
         self.runner: ModelRunner = ModelRunner(model, load_profile(profile))
@@ -53,7 +53,7 @@ class InProcessDecoder:
     ) -> list[DecodeTrace]:
         """Greedy-decode every prompt together (one batch), timing each token of each row."""
         if method == "generate":
-            from llmd.engine.runner import measure_generate
+            from llmd.engine.model.timing import measure_generate
 
             start, times, ids = measure_generate(self.runner.model, prompts, max_new_tokens)
             return [DecodeTrace(start, list(times), row) for row in ids]

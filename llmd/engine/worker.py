@@ -15,15 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from llmd.config import Profile
 from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
-from llmd.engine.loader import attention_summary, sdpa_preference
-from llmd.engine.runner import ModelRunner, RowFailure, Sampled
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.sampling import RowFailure, Sampled
+from llmd.engine.model.sdpa import attention_summary, sdpa_preference
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
@@ -92,10 +91,7 @@ class EngineWorker:
 
     def gpu_memory(self) -> tuple[int, int] | None:
         """(reserved, total) bytes of the CUDA allocator; host-side counters, no device sync."""
-        if self.runner is None or self.runner.device.type != "cuda":
-            return None
-        device = self.runner.device
-        return torch.cuda.memory_reserved(device), torch.cuda.get_device_properties(device).total_memory
+        return self.runner.gpu_memory() if self.runner is not None else None
 
     def alive(self) -> bool:
         """The thread runs (or is being stopped on purpose)."""
@@ -284,7 +280,7 @@ class EngineWorker:
         message = f"generation failed: {type(exc).__name__}: {exc}"
         for request in requests:
             events.append((request.request_id, self._end_with_error(request, message)))
-        if isinstance(exc, torch.OutOfMemoryError):
+        if ModelRunner.out_of_memory(exc):
             log.error("out of memory: lower max_running or max_context in the profile")
 
     def _end_with_error(self, request: Request, message: str) -> TokenEvent:

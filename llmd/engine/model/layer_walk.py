@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from llmd.engine.onednn import PackedLinear
+from llmd.engine.model.onednn import PackedLinear
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 # Decoder layers that are exactly: norm → q/k/v (optionally a per-head q/k norm) → rotary →

@@ -21,26 +21,31 @@ Eager, `step_with_prefill` also takes newcomers' prompt chunks into the same for
 fused step): all tokens go through the model as one packed sequence and `fused_attention` keeps
 attention per request. An eager step, decode-only or fused, of a model that `DirectDecoder` can
 run (Llama-family layers, checked by the runner at load) goes through it instead of transformers'
-forward, with its attention from `_Window.attend` or `FusedLayout.attend`.
+forward, with its attention from `Window.attend` or `FusedLayout.attend` (attention.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache, PreTrainedModel, StaticCache
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from llmd.engine.direct import DirectDecoder
+from llmd.engine.model.attention import (
+    DECODE_ATTENTION,
+    FUSED_ATTENTION,
+    FusedLayout,
+    LayerTensors,
+    PrefillInput,
+    Segment,
+    Window,
+    attention_implementation,
+)
+from llmd.engine.model.layer_walk import DirectDecoder
 
 
 class UnsupportedCache(ValueError):
@@ -48,7 +53,6 @@ class UnsupportedCache(ValueError):
 
 
 Step = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-DECODE_ATTENTION = "llmd_decode_sdpa"
 
 
 class StaticDecodeBatch:
@@ -65,7 +69,7 @@ class StaticDecodeBatch:
         with torch.inference_mode():  # like every tensor the model makes; edited only in inference mode
             self.cache = _allocate(model, slots, capacity, dtype)
         # The layers' own tensors, filled and moved in place only: compiled code holds their addresses.
-        self.layers = [_LayerTensors.of(layer) for layer in self.cache.layers]
+        self.layers = [LayerTensors.of(layer) for layer in self.cache.layers]
         self._cache_layers: list[Any] = list(self.cache.layers)  # transformers' StaticLayers
         # plain tensors: `leave` zeroes a mask row outside inference mode
         self.mask = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
@@ -173,12 +177,12 @@ class StaticDecodeBatch:
         for chunk in chunks:
             ids += chunk.token_ids
             where += range(chunk.start, chunk.start + len(chunk.token_ids))
-            segments.append(_Segment.of(chunk, offset, device))
+            segments.append(Segment.of(chunk, offset, device))
             offset += len(chunk.token_ids)
         self.mask[:, self.column] = True
         start = self.column - max(self.lengths)
         window = self.mask[:rows, start : self.column + 1]
-        layout = FusedLayout(self, rows, start, window[:, None, None, :], segments)
+        layout = FusedLayout(self.layers, self.column, rows, start, window[:, None, None, :], segments)
         keep = torch.tensor(slots + [s.offset + s.length - 1 for s in segments], device=device)
         input_ids, position_ids = torch.tensor([ids], device=device), torch.tensor([where], device=device)
         if self.direct is not None:
@@ -221,6 +225,11 @@ class StaticDecodeBatch:
         self._set_column(0)
         self.compile_seconds = time.perf_counter() - started
         return self.compile_seconds
+
+    @property
+    def warm_up_rows(self) -> int:
+        """Rows `warm_up` runs, for the thread count: every slot, as a compiled step does."""
+        return self.slots
 
     @property
     def rows(self) -> int:
@@ -274,7 +283,7 @@ class StaticDecodeBatch:
         """
         padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
         mask = self.mask[:rows, None, None, start : self.column + 1] if padded else None
-        window = _Window(self, rows, start, mask)
+        window = Window(self.layers, self.column, rows, start, mask)
         logits = direct.forward(self.input_ids[:rows], self.position_ids[:rows], window.attend)
         self.column += 1
         return logits
@@ -339,170 +348,6 @@ class StaticDecodeBatch:
         self.column = column
         for layer in self.layers:
             layer.column.fill_(column)
-
-
-def decode_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """SDPA for one new token per row, each key/value head's query heads packed as its queries.
-
-    transformers' sdpa does the same, but only outside torch.compile: compiled, it repeats every
-    key/value head for its query heads, which copies the whole static cache per layer per step
-    (2.3x slower decode on the small demo model at 4096 tokens of capacity). Anything else goes
-    to transformers' sdpa.
-    """
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
-    if query.shape[2] != 1 or groups == 1 or not plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    return _decode_rows(query, key, value, attention_mask, scaling).unsqueeze(1), None
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillInput:
-    """One request's prompt chunk for a fused step: its tokens, where they start, its own cache."""
-
-    token_ids: list[int]
-    start: int
-    cache: DynamicCache
-
-
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    offset: int  # where the chunk's tokens sit in the packed sequence
-    length: int
-    cache: DynamicCache
-    mask: torch.Tensor | None  # causal over the cached tokens and the chunk; None: plain causal
-
-    @classmethod
-    def of(cls, chunk: PrefillInput, offset: int, device: torch.device) -> _Segment:
-        """The chunk at `offset`, with its mask built once for every layer."""
-        length, mask = len(chunk.token_ids), None
-        if chunk.start:  # causal, shifted right by what the cache already holds
-            mask = torch.ones((length, chunk.start + length), dtype=torch.bool, device=device)
-            mask = mask.tril(chunk.start)
-        return cls(offset, length, chunk.cache, mask)
-
-
-@dataclass(frozen=True, slots=True)
-class _Window:
-    """Attention of a decode step: one new token per row, over columns [start, column]."""
-
-    batch: StaticDecodeBatch
-    rows: int
-    start: int
-    mask: torch.Tensor | None  # [rows, 1, 1, window] columns each row attends to; None: all
-
-    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float | None) -> torch.Tensor:
-        """Write each row's key and value at the column; each row attends over the window.
-        query is [rows, heads, 1, dim], key and value [rows, kv_heads, 1, dim]; the result is
-        [rows, 1, heads * dim]."""
-        rows, column, tensors = self.rows, self.batch.column, self.batch.layers[layer]
-        tensors.keys[:rows, :, column] = key[:, :, 0]
-        tensors.values[:rows, :, column] = value[:, :, 0]
-        keys = tensors.keys[:rows, :, self.start : column + 1]
-        values = tensors.values[:rows, :, self.start : column + 1]
-        return _decode_rows(query, keys, values, self.mask, scaling).reshape(rows, 1, -1)
-
-
-def _decode_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
-    """One query token per row ([rows, heads, 1, dim]) over each row's keys, grouped-query heads
-    packed as their key/value head's queries: [rows, heads, dim]."""
-    rows, heads, _, dim = query.shape
-    kv_heads = keys.shape[1]
-    packed = query.reshape(rows, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scaling)
-    return out.reshape(rows, heads, values.shape[-1])
-
-
-@dataclass(frozen=True, slots=True)
-class FusedLayout:
-    """Which packed tokens are whose in a fused step: decode rows first, then prompt chunks."""
-
-    batch: StaticDecodeBatch
-    rows: int  # decode slots [0, rows), one token each
-    start: int  # the window's first column
-    mask: torch.Tensor  # [rows, 1, 1, window] columns each decode row attends to
-    segments: list[_Segment]
-
-    def attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float | None) -> torch.Tensor:
-        """Attention for one packed sequence of decode tokens and prompt chunks, per request.
-
-        Decode row r writes its key and value into slot r of the static batch at the column
-        and attends over the window; a chunk appends to its own cache and attends causally
-        over it. query/key/value are [1, heads, tokens, dim]; the result is [1, tokens,
-        heads * dim].
-        """
-        heads, kv_heads = query.shape[1], key.shape[1]
-        rows, column, tensors = self.rows, self.batch.column, self.batch.layers[layer]
-        tensors.keys[:rows, :, column] = key[0, :, :rows].transpose(0, 1)
-        tensors.values[:rows, :, column] = value[0, :, :rows].transpose(0, 1)
-        keys = tensors.keys[:rows, :, self.start : column + 1]
-        values = tensors.values[:rows, :, self.start : column + 1]
-        rows_query = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, dim]
-        outputs = [_decode_rows(rows_query, keys, values, self.mask, scaling)]
-        for segment in self.segments:
-            span = slice(segment.offset, segment.offset + segment.length)
-            cached: Any = segment.cache.layers[layer]
-            all_keys, all_values = cached.update(key[:, :, span], value[:, :, span])
-            out = F.scaled_dot_product_attention(
-                query[:, :, span], all_keys, all_values, attn_mask=segment.mask,
-                is_causal=segment.mask is None, scale=scaling, enable_gqa=heads > kv_heads)
-            outputs.append(out[0].transpose(0, 1))
-        return torch.cat(outputs).flatten(1).unsqueeze(0)
-
-
-FUSED_ATTENTION = "llmd_fused"
-UNSUPPORTED_ATTENTION_KWARGS = ("sliding_window", "softcap", "s_aux", "position_bias")
-
-
-def fused_attention(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface onto `FusedLayout.attend`: [1, tokens, heads, dim]."""
-    layout: FusedLayout = kwargs["llmd_fused"]
-    odd = [name for name in UNSUPPORTED_ATTENTION_KWARGS if kwargs.get(name) is not None]
-    if odd:
-        raise NotImplementedError(f"the fused step does not do {', '.join(odd)}")
-    out = layout.attend(int(module.layer_idx), query, key, value, scaling)  # type: ignore[arg-type]
-    return out.view(*out.shape[:2], query.shape[1], -1), None
-
-
-AttentionInterface.register(FUSED_ATTENTION, fused_attention)
-AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
-
-
-@contextlib.contextmanager
-def attention_implementation(config: Any, name: str | None) -> Iterator[None]:
-    """Run the model with attention `name` inside the block (the decode step; prefill keeps its own)."""
-    if name is None:
-        yield
-        return
-    saved = config._attn_implementation
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = saved
-
-
-@dataclass(frozen=True, slots=True)
-class _LayerTensors:
-    """One StaticLayer's keys, values and write column (its `cumulative_length`, a 0-d tensor)."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    column: torch.Tensor
-
-    @classmethod
-    def of(cls, layer: Any) -> _LayerTensors:
-        return cls(layer.keys, layer.values, layer.cumulative_length)
 
 
 def _import_inductor() -> None:

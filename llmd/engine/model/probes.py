@@ -1,0 +1,169 @@
+"""Every fast path proves itself at load, or the model runs without it, with a warning saying why.
+
+oneDNN packing, the direct layer walk and the fused step each run once on probe inputs next
+to the plain path and are kept only when the logits agree (`logits_differ`). A failed probe
+costs speed, never service.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from llmd.config import Profile
+from llmd.engine.model import layer_walk
+from llmd.engine.model.attention import PrefillInput
+from llmd.engine.model.batch import DecodeBatch
+from llmd.engine.model.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
+from llmd.engine.model.request_cache import new_cache
+from llmd.engine.model.static_batch import StaticDecodeBatch
+from llmd.engine.types import Request, SamplingParams
+
+log = logging.getLogger("llmd.engine")
+
+NOT_FUSABLE = "it needs kv_cache: static, compile: none and SDPA attention"
+
+
+class ProbeHost(Protocol):
+    """What the probes drive: the runner's prefill-and-join and its release."""
+
+    def first_token(self, request: Request) -> int:
+        """Prefill the whole prompt, join the batch, return the first token."""
+        ...
+
+    def release(self, request_id: str, *, failed: bool = False) -> None:
+        """Drop the request from the batch."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FastPaths:
+    """What passed: the batch that takes fused steps (None: none does), and why decode steps
+    run through transformers' forward (None: through the direct layer walk)."""
+
+    fused_batch: StaticDecodeBatch | None
+    direct_problem: str | None
+
+
+def logits_differ(expected: torch.Tensor, got: torch.Tensor) -> str | None:
+    """None when the probe's logits agree to rounding, else how far apart they are."""
+    worst = float((expected - got).abs().max())
+    scale = float(expected.abs().max()) or 1.0
+    return None if worst <= 1e-3 * scale + 1e-5 else f"logits differ by up to {worst:.3g} of {scale:.3g}"
+
+
+def prepack_linears(model: PreTrainedModel) -> PackReport | None:
+    """Pack the model's Linear weights for oneDNN, proven on a probe to give the same logits.
+
+    Anything wrong (no oneDNN in this torch, a model that reads a Linear's `weight` itself, a
+    different result) leaves the layers as they were, with a warning: it costs speed, not service.
+    """
+    unavailable = unavailable_reason()
+    if unavailable is not None:
+        log.warning("onednn_linear: %s; Linear layers stay unpacked", unavailable)
+        return None
+    probe = torch.arange(min(8, int(model.config.vocab_size)), device=model.device).unsqueeze(0)
+    with torch.inference_mode():
+        expected = model(input_ids=probe).logits.float()
+        report = pack_linears(model)
+        try:
+            got = model(input_ids=probe).logits.float()
+            problem = logits_differ(expected, got)
+        except Exception as exc:  # e.g. a model that reads `self.proj.weight` directly
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        unpack_linears(model)
+        log.warning("onednn_linear: the packed model failed its probe (%s); Linear layers stay unpacked",
+                    problem)
+        return None
+    return report
+
+
+def prove_fast_paths(
+    host: ProbeHost, batch: DecodeBatch, model: PreTrainedModel, profile: Profile
+) -> FastPaths:
+    """Probe the direct layer walk, then the fused step (through the walk when it passed).
+
+    Both are written for an eager static batch with SDPA attention; any other batch keeps
+    transformers' forward and separate passes. The probes' requests are released again.
+    """
+    eager_static = profile.compile == "none" and model.config._attn_implementation == "sdpa"
+    if not (isinstance(batch, StaticDecodeBatch) and eager_static):
+        return FastPaths(None, NOT_FUSABLE)
+    direct_problem = probe_direct(host, batch, model)
+    if direct_problem is not None and layer_walk.unsupported_reason(model) is None:
+        log.warning("decode steps run through transformers' forward: the direct step "
+                    "failed its probe (%s)", direct_problem)
+    problem = probe_fused(host, batch, model, torch.device(profile.device))
+    if problem is not None:
+        log.warning("decode and prefill run as separate passes: the fused step failed its "
+                    "probe (%s)", problem)
+    return FastPaths(batch if problem is None else None, direct_problem)
+
+
+def probe_fused(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
+                device: torch.device) -> str | None:
+    """Run one fused step on probe prompts against plain forward passes; None when they agree."""
+    vocab = int(model.config.vocab_size)
+    first = Request("probe-decoding", [(3 + i) % vocab for i in range(6)], SamplingParams(max_tokens=4))
+    other = Request("probe-joining", [(11 + 2 * i) % vocab for i in range(5)],
+                    SamplingParams(max_tokens=4))
+    try:
+        token = host.first_token(first)
+        fresh = new_cache(model.config)
+        decoded, joined = batch.step_with_prefill(
+            [token], [len(first.prompt_ids)], [PrefillInput(other.prompt_ids, 0, fresh)]
+        )
+        with torch.inference_mode():
+            expected = [
+                model(input_ids=torch.tensor([ids], device=device)).logits[0, -1]
+                for ids in ([*first.prompt_ids, token], other.prompt_ids)
+            ]
+        problems = [logits_differ(want.float(), got.float()) for want, got in
+                    zip(expected, [decoded[0], joined[0]], strict=True)]
+        return next((problem for problem in problems if problem is not None), None)
+    except Exception as exc:  # a model whose attention needs more than the fused step does
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        host.release(first.request_id)
+
+
+def probe_direct(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel) -> str | None:
+    """Switch the static batch's decode steps to `DirectDecoder` if it gives the logits
+    transformers' forward gives, alone and beside a shorter request; else why not."""
+    try:
+        decoder = layer_walk.DirectDecoder(model)
+    except ValueError as exc:
+        return str(exc)
+    vocab = int(model.config.vocab_size)
+    probes = [Request(f"probe-direct-{n}", [(5 + 3 * i + n) % vocab for i in range(9 - 4 * n)],
+                      SamplingParams(max_tokens=4)) for n in range(2)]
+    inputs: dict[str, list[int]] = {}  # per probe: its last token and its next position
+    try:
+        problem = None
+        for probe in probes:  # the first alone, then beside the second, shorter one: a padded row
+            inputs[probe.request_id] = [host.first_token(probe), len(probe.prompt_ids)]
+            problem = problem or compare_direct(batch, decoder, inputs)
+    except Exception as exc:  # a model whose layers need more than the direct step does
+        problem = f"{type(exc).__name__}: {exc}"
+    finally:
+        for probe in probes:
+            host.release(probe.request_id)
+    if problem is None:
+        batch.direct = decoder
+    return problem
+
+
+def compare_direct(batch: StaticDecodeBatch, decoder: layer_walk.DirectDecoder,
+                   inputs: dict[str, list[int]]) -> str | None:
+    """One step of the running requests both ways; None when the logits agree."""
+    rows = [inputs[request_id] for request_id in batch.request_ids]
+    expected, got = batch.compare_direct(decoder, [token for token, _ in rows],
+                                         [position for _, position in rows])
+    for row in rows:
+        row[1] += 1
+    return logits_differ(expected.float(), got.float())
