@@ -18,7 +18,7 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
-from llmd.preflight import (
+from llmd.preflight.shape import (
     MemoryPlan,
     choose_profile,
     cuda_available,

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 from llmd.config import Profile, load_profile
 from llmd.errors import ConfigError
-from llmd.preflight import (
+from llmd.preflight.shape import (
     CONTEXT_STEP,
     CUDA_CONTEXT_BYTES,
     MIN_USEFUL_CONTEXT,
@@ -298,7 +298,7 @@ def test_gpu_memory_plans_only_cuda_profiles(tiny_model: Path) -> None:
 
 def test_the_cpu_plan_measures_available_ram_without_torch(tiny_model: Path) -> None:
     code = (
-        "import sys; from llmd.config import load_profile; from llmd.preflight import plan_for_model; "
+        "import sys; from llmd.config import load_profile; from llmd.preflight.shape import plan_for_model; "
         f"plan = plan_for_model({str(tiny_model)!r}, load_profile('cpu')); "
         "assert plan.budget.source == 'available RAM now', plan.budget; "
         "assert 'torch' not in sys.modules, 'preflight imported torch'"
