@@ -26,7 +26,7 @@ from llmd.config import API_KEY_ENV, Profile, Settings, api_keys
 from llmd.engine.client import EngineClient
 from llmd.metrics import Metrics
 from llmd.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
-from llmd.preflight.shape import MemoryPlan
+from llmd.preflight.plan import MemoryPlan
 from llmd.units import mib
 
 log = logging.getLogger("llmd")

@@ -31,7 +31,7 @@ from llmd.config import Profile, load_profile
 from llmd.engine.runner import ModelRunner
 from llmd.engine.static import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
-from llmd.preflight.shape import plan_for_model
+from llmd.preflight.plan import plan_for_model
 from llmd.units import GiB, mib
 
 SHAPES: dict[str, dict[str, Any]] = {

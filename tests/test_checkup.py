@@ -11,7 +11,9 @@ import pytest
 from llmd.config import load_profile
 from llmd.demo_model import build_demo_model
 from llmd.engine.checkup import run_checkup
-from llmd.preflight.shape import MemoryBudget, memory_plan, read_model_shape
+from llmd.preflight.hardware import MemoryBudget
+from llmd.preflight.plan import memory_plan
+from llmd.preflight.shape import read_model_shape
 
 CPU = load_profile("cpu")
 
