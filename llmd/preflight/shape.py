@@ -3,7 +3,7 @@
 `read_model_shape` gives a `ModelShape`: the dimensions the memory plan needs and the
 parameter counts, exact from the checkpoint's headers when it is there, else from the config's
 arithmetic. `attention_heads` and `context_limit` are the one source of a decoder's head counts
-and of the context a request may use; the engine reads a loaded model's config through them too.
+and of the context a request may use, for a `config.json` dict and a loaded model's config alike.
 
 The rest of preflight: `plan` (the arithmetic, the verdict and the fixes), `hardware` (the
 memory there is, and the profile `auto` picks) and `render` (the plan as text).
@@ -31,6 +31,7 @@ ModelConfig: TypeAlias = Mapping[str, Any] | object
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+# A safetensors header lists names, dtypes and shapes; a larger one means a corrupt file.
 MAX_SAFETENSORS_HEADER = 100 * MiB
 
 _LAYER_TENSOR = re.compile(r"(?:^|\.)layers\.\d+\.")
