@@ -18,14 +18,9 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
-from llmd.preflight import (
-    MemoryPlan,
-    choose_profile,
-    cuda_available,
-    detect_hardware,
-    plan_for_model,
-    render_plan,
-)
+from llmd.preflight.hardware import choose_profile, cuda_available, detect_hardware
+from llmd.preflight.plan import MemoryPlan, plan_for_model
+from llmd.preflight.render import render_plan
 from llmd.runtime import configure_logging, event_loop_factory
 
 log = logging.getLogger("llmd")

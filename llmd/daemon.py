@@ -25,7 +25,7 @@ from llmd.api.app import create_app
 from llmd.api.connection import connection_protocol
 from llmd.config import API_KEY_ENV, Profile, Settings, api_keys
 from llmd.engine.client import EngineClient
-from llmd.preflight import MemoryPlan
+from llmd.preflight.plan import MemoryPlan
 from llmd.service.metrics import Metrics
 from llmd.service.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.units import mib

@@ -31,7 +31,7 @@ from llmd.config import Profile, load_profile
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request, SamplingParams
-from llmd.preflight import plan_for_model
+from llmd.preflight.plan import plan_for_model
 from llmd.units import GiB, mib
 
 SHAPES: dict[str, dict[str, Any]] = {

@@ -11,7 +11,9 @@ import pytest
 from llmd.checkup import run_checkup
 from llmd.config import load_profile
 from llmd.demo.build import build_demo_model
-from llmd.preflight import MemoryBudget, memory_plan, read_model_shape
+from llmd.preflight.hardware import MemoryBudget
+from llmd.preflight.plan import memory_plan
+from llmd.preflight.shape import read_model_shape
 
 CPU = load_profile("cpu")
 

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,23 +18,24 @@ from safetensors.numpy import save_file
 
 from llmd.config import Profile, load_profile
 from llmd.errors import ConfigError
-from llmd.preflight import (
+from llmd.preflight.hardware import HardwareFacts, MemoryBudget, choose_profile, gpu_memory_budget
+from llmd.preflight.plan import (
     CONTEXT_STEP,
     CUDA_CONTEXT_BYTES,
     MIN_USEFUL_CONTEXT,
-    GiB,
-    HardwareFacts,
-    MemoryBudget,
-    ModelShape,
-    choose_profile,
-    gpu_memory_budget,
     memory_plan,
     plan_for_model,
+)
+from llmd.preflight.render import render_plan
+from llmd.preflight.shape import (
+    ModelShape,
+    attention_heads,
+    context_limit,
     read_model_shape,
     read_safetensors_header,
-    render_plan,
     shape_from_config,
 )
+from llmd.units import GiB
 
 LLAMA_3_1_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -124,6 +126,54 @@ def test_a_config_without_a_needed_field_names_it() -> None:
     config = {key: value for key, value in LLAMA_3_1_8B.items() if key != "hidden_size"}
     with pytest.raises(ConfigError, match="`hidden_size` is None"):
         shape_from_config(config)
+
+
+def test_a_composite_config_is_planned_from_its_text_config() -> None:
+    composite = {"model_type": "llava", "text_config": LLAMA_3_1_8B, "vision_config": {"hidden_size": 1024}}
+    assert shape_from_config(composite) == LLAMA
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}, (32, 8, 128)),
+        ({"num_attention_heads": 32, "hidden_size": 4096}, (32, 32, 128)),
+        ({"num_attention_heads": 16, "num_key_value_heads": None, "head_dim": None, "hidden_size": 2048},
+         (16, 16, 128)),
+        ({"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 3072},
+         (8, 4, 256)),
+    ],
+)
+def test_attention_heads_read_a_config_dict_and_attributes_alike(
+    fields: dict[str, Any], expected: tuple[int, int, int]
+) -> None:
+    assert attention_heads(fields) == expected
+    assert attention_heads(SimpleNamespace(**fields)) == expected
+
+
+def test_attention_heads_read_a_transformers_config_by_attribute_so_its_aliases_hold() -> None:
+    class Gpt2LikeConfig:  # transformers' attribute_map maps num_attention_heads to n_head
+        n_head, n_embd = 12, 768
+        num_attention_heads = property(lambda self: self.n_head)
+        hidden_size = property(lambda self: self.n_embd)
+
+    assert attention_heads(Gpt2LikeConfig()) == (12, 12, 64)
+
+
+def test_attention_heads_refuse_a_field_that_is_not_a_positive_integer() -> None:
+    with pytest.raises(ConfigError, match="model config: `num_key_value_heads` is 0") as refused:
+        attention_heads({"num_attention_heads": 8, "num_key_value_heads": 0, "hidden_size": 512})
+    assert refused.value.param == "num_key_value_heads"
+    with pytest.raises(ConfigError, match="`hidden_size` is None"):
+        attention_heads({"num_attention_heads": 8})
+
+
+@pytest.mark.parametrize(
+    ("limit", "expected"), [(None, 8192), (0, 8192), (4096, 4096), (8192, 8192), (131072, 8192)]
+)
+def test_the_context_limit_is_the_profile_capped_by_the_model(limit: int | None, expected: int) -> None:
+    assert BF16.max_context == 8192
+    assert context_limit(limit, BF16) == expected
 
 
 # --- verdicts and fixes ----------------------------------------------------------------------
@@ -298,7 +348,7 @@ def test_gpu_memory_plans_only_cuda_profiles(tiny_model: Path) -> None:
 
 def test_the_cpu_plan_measures_available_ram_without_torch(tiny_model: Path) -> None:
     code = (
-        "import sys; from llmd.config import load_profile; from llmd.preflight import plan_for_model; "
+        "import sys; from llmd.config import load_profile; from llmd.preflight.plan import plan_for_model; "
         f"plan = plan_for_model({str(tiny_model)!r}, load_profile('cpu')); "
         "assert plan.budget.source == 'available RAM now', plan.budget; "
         "assert 'torch' not in sys.modules, 'preflight imported torch'"
