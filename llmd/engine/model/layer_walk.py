@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from llmd.engine.model.onednn import PackedLinear
+from llmd.preflight.shape import attention_heads
 
 Op = Callable[[torch.Tensor], torch.Tensor]
 # Decoder layers that are exactly: norm → q/k/v (optionally a per-head q/k norm) → rotary →
@@ -70,8 +71,8 @@ class DirectDecoder:
             raise ValueError(reason)
         inner = model.model
         config = model.config.get_text_config(decoder=True)
-        self.heads = int(config.num_attention_heads)
-        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.heads, self.kv_heads, _ = attention_heads(config)
+        # The width the attention module itself was built with: the views must match it.
         self.head_dim = int(inner.layers[0].self_attn.head_dim)
         self._embed: Op = inner.embed_tokens.forward
         self._rotary: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

@@ -25,6 +25,7 @@ from llmd.engine.model.attention import register_attention
 from llmd.engine.model.onednn import PackReport
 from llmd.engine.model.probes import prepack_linears
 from llmd.errors import DeviceUnavailable, PreflightRefusal
+from llmd.preflight.shape import context_limit
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -152,10 +153,10 @@ def tensor_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def context_limit(model: PreTrainedModel, profile: Profile) -> int:
-    """The profile's max context, capped by the model's position limit."""
+def model_context_limit(model: PreTrainedModel, profile: Profile) -> int:
+    """The profile's max context, capped by the loaded model's position limit."""
     limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
-    return min(profile.max_context, int(limit or profile.max_context))
+    return context_limit(limit, profile)
 
 
 def generation_eos_ids(model: PreTrainedModel) -> frozenset[int]:

@@ -18,7 +18,7 @@ from llmd.config import Profile
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
-from llmd.engine.model.loader import DTYPES, context_limit, generation_eos_ids, load_model
+from llmd.engine.model.loader import DTYPES, generation_eos_ids, load_model, model_context_limit
 from llmd.engine.model.prefill import prefill_padded
 from llmd.engine.model.prefix_cache import PrefixCache
 from llmd.engine.model.probes import prove_fast_paths
@@ -43,7 +43,7 @@ class ModelRunner:
         self.model, self.load_report = load_model(model_dir, profile)
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_token_ids = generation_eos_ids(self.model)
-        self.context_limit = context_limit(self.model, profile)
+        self.context_limit = model_context_limit(self.model, profile)
         self._sequences: dict[str, SequenceState] = {}
         self._batch: DecodeBatch = open_batch(self.model, profile, self.context_limit)
         self._prefilling: dict[str, DynamicCache] = {}

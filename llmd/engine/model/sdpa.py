@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 
 from llmd.config import Profile
 from llmd.engine.model.loader import DTYPES, target_device
+from llmd.preflight.shape import attention_heads
 
 BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -81,9 +82,7 @@ def attention_report(model: PreTrainedModel, profile: Profile, device: torch.dev
     implementation = getattr(model.config, "_attn_implementation", None) or "unknown"
     if implementation != "sdpa":
         return AttentionReport(False, False, f"attention implementation is `{implementation}`")
-    config = model.config
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    heads, _, head_dim = attention_heads(model.config.get_text_config(decoder=True))
     statuses = sdpa_backend_status(device, DTYPES[profile.dtype], heads, head_dim)
     usable = [s.name for s in statuses if s.usable]
     preferred: list[str] = list(profile.sdpa_backends) or list(BACKENDS)

@@ -46,6 +46,7 @@ from llmd.engine.model.attention import (
     attention_implementation,
 )
 from llmd.engine.model.layer_walk import DirectDecoder
+from llmd.preflight.shape import attention_heads
 
 
 class UnsupportedCache(ValueError):
@@ -371,7 +372,6 @@ def _allocate(model: PreTrainedModel, slots: int, capacity: int, dtype: torch.dt
     if odd:
         raise UnsupportedCache(f"kv_cache: static handles full-attention layers only, this model "
                                f"also has {', '.join(odd)}; use kv_cache: dynamic")
-    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    cache.early_initialization(slots, heads, head_dim, dtype, model.device)
+    _, kv_heads, head_dim = attention_heads(config)
+    cache.early_initialization(slots, kv_heads, head_dim, dtype, model.device)
     return cache
