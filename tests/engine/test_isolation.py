@@ -25,7 +25,7 @@ from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import EngineFailure
-from tests.conftest import Daemon
+from tests.helpers.daemon import Daemon
 
 POISONED = 77  # the max_tokens that marks the poisoned request
 STREAMS = 4

@@ -16,7 +16,7 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sdpa import BACKENDS, sdpa_backend_status
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import PreflightRefusal
-from tests.conftest import start_daemon
+from tests.helpers.daemon import start_daemon
 
 CPU = load_profile("cpu")
 

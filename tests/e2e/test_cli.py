@@ -14,8 +14,8 @@ import pytest
 
 from llmd.demo.files import read_demo_cycle
 from llmd.errors import EXIT_CONFIG, EXIT_DEVICE_UNAVAILABLE, EXIT_PREFLIGHT
-from tests.conftest import start_daemon
-from tests.test_preflight import LLAMA_3_1_8B
+from tests.helpers.configs import LLAMA_3_1_8B
+from tests.helpers.daemon import start_daemon
 
 
 def llmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,7 @@ from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
 from llmd.engine.worker import EngineWorker
-from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of
+from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, text_of
 
 # Five prompts of 18, 40, 24, 32 and 20 tokens: the second is longer than the column it joins at.
 WORDS = [1, 12, 4, 8, 2]
