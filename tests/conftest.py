@@ -29,7 +29,7 @@ def tier_of(item: pytest.Item) -> str | None:
     return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each item with its tier; skip the gpu tier where CUDA is not available."""
     tiers = {item: tier_of(item) for item in items}
     for item, tier in tiers.items():

@@ -115,3 +115,10 @@ def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_pat
     assert result.returncode == EXIT_PREFLIGHT, result.stderr
     assert "does not fit" in result.stderr and "DOES NOT FIT" in result.stderr
     assert "a machine with at least" in result.stderr and "serving" not in result.stderr
+
+
+def test_profile_auto_is_logged_with_its_reason(tiny_model: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "llmd.cli", "check", "--model", str(tiny_model),
+                             "--profile", "auto", "--no-load"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"profile auto -> (cpu|cpu-bf16|12gb-4bit|24gb-bf16-compile) \(.+\)", result.stderr)

@@ -1,7 +1,12 @@
-"""Published Hugging Face `config.json` contents of real models, for planning without their weights."""
+"""Model and profile configurations for tests.
+
+Published Hugging Face `config.json` contents of real models, for planning without their
+weights, and a 4-bit profile that runs on the CPU.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 LLAMA_3_1_8B: dict[str, Any] = {
@@ -32,3 +37,13 @@ QWEN2_5_7B: dict[str, Any] = {
     "max_position_embeddings": 32768,
     "tie_word_embeddings": False,
 }
+
+
+def nf4_cpu_profile(tmp_path: Path) -> Path:
+    """The 12gb-4bit profile's choices, on the CPU (bitsandbytes runs there, slowly)."""
+    path = tmp_path / "4bit-cpu.yaml"
+    path.write_text(
+        "device: cpu\ndtype: bfloat16\nquantization: nf4\ndouble_quant: true\n"
+        "max_context: 512\nmax_running: 2\n"
+    )
+    return path

@@ -1,14 +1,18 @@
 """Helpers for tests that drive the model runner or the engine on the tiny model.
 
 A chat prompt, greedy sampling parameters, a recorder of the logits each request samples
-from, a driver that joins and releases requests step by step, and the text of one stream.
+from, a driver that joins and releases requests step by step, the text of one stream, a static-cache
+profile and the count of graphs torch.compile made.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
+from msgspec.structs import replace
 
+from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.types import Request, SamplingParams
@@ -60,3 +64,14 @@ async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, st
     with engine.submit(prompt, params) as stream:
         events = [event async for event in stream]
     return "".join(e.text for e in events), events[-1].finish_reason.value  # type: ignore[union-attr]
+
+
+def static_profile(**changes: object) -> Profile:
+    """The cpu profile on the static KV cache, with `changes`."""
+    compiled = changes.get("compile", "none") != "none"  # compile packs its own weights
+    return replace(load_profile("cpu"), kv_cache="static", onednn_linear=not compiled, **changes)
+
+
+def unique_graphs() -> int:
+    """How many graphs torch.compile has made in this process."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
