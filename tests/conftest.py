@@ -1,25 +1,51 @@
-"""Shared fixtures: a tiny demo model built offline, and real `llmd serve` processes."""
+"""Shared fixtures (a tiny demo model built offline, a session `llmd serve`) and the tier markers.
+
+The folder a test lives in is its tier (DESIGN.md): tests/unit, model, engine, api, e2e, gpu.
+Each item gets the marker named after its folder, so `-m "not e2e"` works as well as a path.
+"""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
+
+from tests.helpers.daemon import Daemon, is_llmd_serve, start_daemon
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-READY_TIMEOUT = 120.0
+TESTS = Path(__file__).parent
+TIERS = ("unit", "model", "engine", "api", "e2e", "gpu")
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier folder an item lives in, or None for a test outside them."""
+    parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each item with its tier; skip the gpu tier where CUDA is not available."""
+    tiers = {item: tier_of(item) for item in items}
+    for item, tier in tiers.items():
+        if tier is not None:
+            item.add_marker(tier)
+    if "gpu" in tiers.values() and not cuda_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in (item for item, tier in tiers.items() if tier == "gpu"):
+            item.add_marker(skip)
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA device; imported only here, so other tiers never pay for torch."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture(scope="session")
@@ -30,83 +56,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo_model(tmp_path_factory.mktemp("models") / "tiny", "tiny")
 
 
-def free_port() -> int:
-    """A TCP port on loopback nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class Daemon:
-    """A running `llmd serve` process."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-
-def start_daemon(
-    tmp: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
-) -> Daemon:
-    """Start `llmd serve` on a free loopback port and wait until /ready says 200."""
-    port = free_port()
-    log_path = tmp / f"llmd-{port}.log"
-    env = os.environ | {"LLMD_HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1"} | (env or {})
-    command = [sys.executable, "-m", "llmd.cli", "serve", "--port", str(port), *args]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    daemon = Daemon(process, port, log_path)
-    if wait_ready:
-        wait_until_ready(daemon)
-    return daemon
-
-
-def wait_until_ready(daemon: Daemon) -> None:
-    """Poll /ready; fail with the daemon's log if it dies or never gets ready."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if daemon.process.poll() is not None:
-            pytest.fail(f"llmd exited with {daemon.process.returncode}:\n{daemon.log()}")
-        try:
-            if httpx.get(f"{daemon.url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    daemon.stop()
-    pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
-
-
 @pytest.fixture(autouse=True)
 def stop_daemons_left_running() -> Iterator[None]:
     """Stop any `llmd serve` a test started and left running (it failed before its own stop).
 
     Otherwise it serves on until its Popen is collected in some later test, where the
     "ResourceWarning: subprocess ... is still running" surfaces as an unraisable error.
-    Child processes are compared, not Daemon objects: tests import this module both as
-    `conftest` and as `tests.conftest`. Fixtures of wider scope start before this one.
+    Child processes are compared, not Daemon objects, so a daemon counts however a test
+    started it (tests.helpers.daemon, a CLI subprocess). Fixtures of wider scope start before this one.
     """
     before = {child.pid for child in psutil.Process().children()}
     yield
@@ -118,14 +75,6 @@ def stop_daemons_left_running() -> Iterator[None]:
             except psutil.TimeoutExpired:
                 child.kill()
                 child.wait(20)
-
-
-def is_llmd_serve(process: psutil.Process) -> bool:
-    try:
-        command = process.cmdline()
-    except psutil.Error:
-        return False
-    return "llmd.cli" in command and "serve" in command
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from llmd.engine.model import layer_walk
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
-from tests.test_engine import greedy, staggered_batch
+from tests.helpers.engine import greedy, staggered_batch
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=211, max_position_embeddings=256)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import openai
 import pytest
 import torch
 from msgspec.structs import replace
@@ -16,19 +15,9 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sdpa import BACKENDS, sdpa_backend_status
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import PreflightRefusal
-from tests.conftest import start_daemon
+from tests.helpers.configs import nf4_cpu_profile
 
 CPU = load_profile("cpu")
-
-
-def nf4_cpu_profile(tmp_path: Path) -> Path:
-    """The 12gb-4bit profile's choices, on the CPU (bitsandbytes runs there, slowly)."""
-    path = tmp_path / "4bit-cpu.yaml"
-    path.write_text(
-        "device: cpu\ndtype: bfloat16\nquantization: nf4\ndouble_quant: true\n"
-        "max_context: 512\nmax_running: 2\n"
-    )
-    return path
 
 
 def kv_keys(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:
@@ -102,18 +91,3 @@ def test_nf4_loads_with_bitsandbytes_and_passes_the_checklist(tiny_model: Path, 
     assert all(c.ok for c in checks.values()), checks
     _, full = load_model(tiny_model, replace(CPU, dtype="bfloat16"))
     assert runner.load_report.weight_bytes < 0.8 * full.weight_bytes
-
-
-def test_the_4bit_profile_serves_a_request(tiny_model: Path, tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", str(nf4_cpu_profile(tmp_path)))
-    try:
-        client = openai.OpenAI(base_url=daemon.base_url, api_key="none")
-        reply = client.chat.completions.create(
-            model=client.models.list().data[0].id, max_tokens=8,
-            messages=[{"role": "user", "content": "Hello"}],
-        )
-        assert reply.usage is not None and reply.usage.completion_tokens == 8
-        assert reply.choices[0].finish_reason == "length"
-    finally:
-        assert daemon.stop() == 0, daemon.log()
-    assert "model loaded" in daemon.log()

@@ -22,7 +22,7 @@ from llmd.bench.decoder import InProcessDecoder
 from llmd.demo.files import read_demo_cycle
 from llmd.demo.text import DEMO_TEXT
 from llmd.engine.tokenizer import ChatTokenizer
-from tests.conftest import Daemon, start_daemon
+from tests.helpers.daemon import Daemon, start_daemon
 from tests.helpers.waiting import wait_until
 
 MESSAGES = [{"role": "user", "content": "Say something in Korean."}]

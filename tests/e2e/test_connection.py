@@ -16,7 +16,7 @@ import pytest
 from llmd.api.connection import FD_RESERVE, connection_protocol
 from llmd.config import Settings, load_settings
 from llmd.errors import ConfigError
-from tests.conftest import Daemon, start_daemon
+from tests.helpers.daemon import Daemon, start_daemon
 from tests.helpers.waiting import wait_until
 
 WAIT = 60.0  # the most any test waits for the server to answer or close; never a pass condition

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +22,6 @@ from llmd.preflight.plan import (
     CUDA_CONTEXT_BYTES,
     MIN_USEFUL_CONTEXT,
     memory_plan,
-    plan_for_model,
 )
 from llmd.preflight.render import render_plan
 from llmd.preflight.shape import (
@@ -36,35 +33,7 @@ from llmd.preflight.shape import (
     shape_from_config,
 )
 from llmd.units import GiB
-
-LLAMA_3_1_8B: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "mlp_bias": False,
-}
-
-QWEN2_5_7B: dict[str, Any] = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "tie_word_embeddings": False,
-}
+from tests.helpers.configs import LLAMA_3_1_8B, QWEN2_5_7B
 
 LLAMA = shape_from_config(LLAMA_3_1_8B)
 BF16 = load_profile("24gb-bf16-compile")
@@ -329,34 +298,6 @@ def test_a_missing_or_broken_model_directory_is_named(tmp_path: Path) -> None:
         read_model_shape(tmp_path)
 
 
-def test_the_demo_model_counts_match_the_loaded_model(tiny_model: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    shape = read_model_shape(tiny_model)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    assert shape.params == sum(p.numel() for p in model.parameters())
-    config = json.loads((tiny_model / "config.json").read_text())
-    assert replace(shape_from_config(config), counted_from=shape.counted_from) == shape
-
-
-def test_gpu_memory_plans_only_cuda_profiles(tiny_model: Path) -> None:
-    with pytest.raises(ConfigError, match="--gpu-memory plans a CUDA profile"):
-        plan_for_model(tiny_model, load_profile("cpu"), "8GiB")
-    with pytest.raises(ConfigError, match="--gpu-memory: not a size: `lots`"):
-        plan_for_model(tiny_model, BF16, "lots")
-
-
-def test_the_cpu_plan_measures_available_ram_without_torch(tiny_model: Path) -> None:
-    code = (
-        "import sys; from llmd.config import load_profile; from llmd.preflight.plan import plan_for_model; "
-        f"plan = plan_for_model({str(tiny_model)!r}, load_profile('cpu')); "
-        "assert plan.budget.source == 'available RAM now', plan.budget; "
-        "assert 'torch' not in sys.modules, 'preflight imported torch'"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-
-
 @pytest.mark.parametrize(
     ("facts", "chosen", "reason"),
     [
@@ -372,10 +313,3 @@ def test_profile_auto_picks_by_gpu_memory_then_cpu(facts: HardwareFacts, chosen:
     name, why = choose_profile(facts)
     assert (name, reason in why) == (chosen, True), why
     load_profile(name)  # a shipped profile
-
-
-def test_profile_auto_is_logged_with_its_reason(tiny_model: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "llmd.cli", "check", "--model", str(tiny_model),
-                             "--profile", "auto", "--no-load"], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    assert re.search(r"profile auto -> (cpu|cpu-bf16|12gb-4bit|24gb-bf16-compile) \(.+\)", result.stderr)

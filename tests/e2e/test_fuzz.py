@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmd.bench.streamcheck import StreamVerdict, check_stream, is_error_body
-from tests.conftest import Daemon
+from tests.helpers.daemon import Daemon
 
 # Values at the edges of what the schema allows, beside ordinary ones.
 TEMPERATURES = st.sampled_from([0.0, 1e-45, 1e-38, 5e-39, 1e-30, 1e-8, 0.5, 2.0]) | st.floats(0.0, 2.0)

@@ -14,8 +14,8 @@ import pytest
 
 from llmd.demo.files import read_demo_cycle
 from llmd.errors import EXIT_CONFIG, EXIT_DEVICE_UNAVAILABLE, EXIT_PREFLIGHT
-from tests.conftest import start_daemon
-from tests.test_preflight import LLAMA_3_1_8B
+from tests.helpers.configs import LLAMA_3_1_8B
+from tests.helpers.daemon import start_daemon
 
 
 def llmd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -115,3 +115,10 @@ def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_pat
     assert result.returncode == EXIT_PREFLIGHT, result.stderr
     assert "does not fit" in result.stderr and "DOES NOT FIT" in result.stderr
     assert "a machine with at least" in result.stderr and "serving" not in result.stderr
+
+
+def test_profile_auto_is_logged_with_its_reason(tiny_model: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "llmd.cli", "check", "--model", str(tiny_model),
+                             "--profile", "auto", "--no-load"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"profile auto -> (cpu|cpu-bf16|12gb-4bit|24gb-bf16-compile) \(.+\)", result.stderr)

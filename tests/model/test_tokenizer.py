@@ -1,21 +1,17 @@
 """The chat tokenizer: only the template emits control tokens; oversized chats stop early.
 
-Tokenizer tier on two real local tokenizers (the demo model's and a Llama-3-style fixture), plus
-the engine client's wiring of the early refusal and the large-prompt slots.
+Tokenizer tier on two real local tokenizers (the demo model's and a Llama-3-style fixture); the
+engine client's wiring of the early refusal and the large-prompt slots: tests/engine/test_prompt_limits.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from llmd.config import load_profile
-from llmd.engine.client import EngineClient
-from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS
 from llmd.engine.tokenizer import ChatTokenizer, PromptPiece
 from llmd.errors import ContextLengthExceeded
 from tests.helpers.llama3_tokenizer import build_llama3_tokenizer
@@ -167,26 +163,3 @@ def test_a_cut_prefix_never_counts_more_than_the_whole(model_dir: Path, text: st
         whole = sum(len(tokenizer.encode_piece(piece, k > 0)) for k, piece in enumerate(pieces))
         for cut in range(1, sum(len(p.text) for p in pieces), 37):
             assert tokenizer.tokens_at_least(pieces, cut) <= whole, cut
-
-
-def test_the_engine_refuses_early_and_queues_only_large_prompts(tiny_model: Path) -> None:
-    async def main() -> None:
-        from llmd.engine.worker import EngineWorker  # the model side, only for this test
-
-        engine = EngineClient(EngineWorker(tiny_model, load_profile("cpu")), max_context=512)
-        await engine.start()
-        try:
-            with pytest.raises(ContextLengthExceeded, match="at least"):
-                await engine.encode_chat(chat("word " * 200_000))
-            for _ in range(LARGE_PROMPT_SLOTS):  # every large-prompt slot busy
-                await engine._large_prompt_slots.acquire()
-            large = asyncio.create_task(engine.encode_chat(chat("word " * (LARGE_PROMPT_CHARS // 4))))
-            assert len(await asyncio.wait_for(engine.encode_chat(chat("small")), 60)) > 0
-            assert not large.done()
-            engine._large_prompt_slots.release()
-            with pytest.raises(ContextLengthExceeded):
-                await asyncio.wait_for(large, 60)
-        finally:
-            await engine.shutdown()
-
-    asyncio.run(main())

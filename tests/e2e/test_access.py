@@ -21,7 +21,7 @@ from llmd.api.access import KeyCheck
 from llmd.config import Settings, api_keys
 from llmd.daemon import warn_if_exposed
 from llmd.errors import ConfigError
-from tests.conftest import Daemon, start_daemon
+from tests.helpers.daemon import Daemon, start_daemon
 
 SETTINGS_KEY = "settings-key-0123456789"
 FILE_KEY = "file-key-0123456789"

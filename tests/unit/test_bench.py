@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -539,13 +538,3 @@ def test_unreachable_server(capsys: Capture) -> None:
     assert code == 1
     (run,) = report["runs"]
     assert run["errors"] == 2 and "ConnectionRefusedError" in run["error_messages"][0]
-
-
-def test_in_process_batch_on_the_tiny_model(tiny_model: Path, capsys: Capture) -> None:
-    code, report = _bench_json(capsys, "--in-process", str(tiny_model), "-c", "2", "-n", "1",
-                               "--max-tokens", "8", "--prompt-tokens", "30", "--warmup", "0")
-    assert code == 0 and report["prompt_tokens"] == 30
-    labels = [run["label"] for run in report["runs"]]
-    assert labels == ["in-process runner", "in-process generate"]
-    for run in report["runs"]:
-        assert run["ok"] == 2 and run["completion_tokens"] == 16 and run["chunks_per_token"] == 1.0

@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo
-from msgspec.structs import replace
 
-from llmd.bench.decoder import InProcessDecoder
-from llmd.config import Profile, load_profile
-from llmd.engine.client import EngineClient
+from llmd.config import load_profile
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
-from llmd.engine.worker import EngineWorker
-from tests.test_engine import PROMPT, greedy, record_logits, staggered_batch, text_of
+from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, static_profile, unique_graphs
 
 # Five prompts of 18, 40, 24, 32 and 20 tokens: the second is longer than the column it joins at.
 WORDS = [1, 12, 4, 8, 2]
 # With a 48-token cache the column reaches capacity three times in 30 steps (see test below).
 LEAVE = {3: "b1", 14: "b3", 20: "b2"}
-
-
-def static_profile(**changes: object) -> Profile:
-    compiled = changes.get("compile", "none") != "none"  # compile packs its own weights
-    return replace(load_profile("cpu"), kv_cache="static", onednn_linear=not compiled, **changes)
 
 
 def prompts_of(tiny_model: Path, words: list[int]) -> list[list[int]]:
@@ -123,28 +113,6 @@ def test_kv_tensors_show_a_slot_as_the_dynamic_path_holds_it(tiny_model: Path) -
     assert runners[0].kv_tensors("nobody") == []
 
 
-def test_the_engine_serves_a_static_profile(tiny_model: Path) -> None:
-    async def main() -> tuple[str, str, float]:
-        worker = EngineWorker(tiny_model, static_profile(max_running=2))
-        engine = EngineClient(worker, max_context=512)
-        await engine.start()
-        await asyncio.wait_for(engine.ready.wait(), 60)
-        try:
-            text, reason = await text_of(engine, greedy(30))
-            return text, reason, worker.compile_seconds
-        finally:
-            await engine.shutdown()
-
-    text, reason, warm_up_seconds = asyncio.run(main())
-    decoder = InProcessDecoder(tiny_model)
-    expected = decoder.tokenizer.decode(decoder.decode(decoder.prompt_ids(PROMPT), 30).token_ids)
-    assert (text, reason) == (expected, "length") and warm_up_seconds > 0
-
-
-def unique_graphs() -> int:
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
 @pytest.fixture(scope="module")
 def compiled_runner(tiny_model: Path) -> Iterator[ModelRunner]:
     """One runner whose decode step is compiled (inductor on the CPU) and warmed up: compiling is slow."""
@@ -203,37 +171,3 @@ def test_bursts_chunks_and_penalties_do_not_recompile(tiny_model: Path, compiled
         compiled_runner.decode([lone])
         compiled_runner.release("lone")
     assert unique_graphs() == graphs and compiled_runner.active_sequences == 0
-
-
-async def complete(engine: EngineClient, words: int, max_tokens: int) -> str:
-    prompt = await engine.encode_chat([{"role": "user", "content": "word " * words}])
-    engine.check_context(len(prompt), max_tokens)  # as the API does: requests fit their context
-    with engine.submit(prompt, greedy(max_tokens)) as stream:
-        return "".join([event.text async for event in stream])
-
-
-def test_the_engine_compiles_before_ready_and_never_while_serving(tiny_model: Path) -> None:
-    """The worker thread compiles at warm-up; a queue of mixed requests then changes nothing."""
-    profile = static_profile(max_running=3, max_context=64, compile="default")
-
-    async def main() -> tuple[int, list[str], float]:
-        worker = EngineWorker(tiny_model, profile)
-        engine = EngineClient(worker, max_context=64)
-        await engine.start()
-        await asyncio.wait_for(engine.ready.wait(), 300)
-        try:
-            graphs = unique_graphs()
-            with torch._dynamo.config.patch(error_on_recompile=True):
-                texts = await asyncio.gather(*(complete(engine, 1 + 2 * k, 8 + 3 * k) for k in range(6)))
-            assert unique_graphs() == graphs
-            return graphs, texts, worker.compile_seconds
-        finally:
-            await engine.shutdown()
-
-    before = unique_graphs()
-    graphs, texts, compile_seconds = asyncio.run(main())
-    assert graphs == before + 1 and compile_seconds > 0  # compiled once, before ready
-    decoder = InProcessDecoder(tiny_model)
-    for k, text in enumerate(texts):
-        prompt = decoder.prompt_ids([{"role": "user", "content": "word " * (1 + 2 * k)}])
-        assert text == decoder.tokenizer.decode(decoder.decode(prompt, 8 + 3 * k).token_ids), k

@@ -21,7 +21,7 @@ from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import EXIT_PREFLIGHT
 from llmd.service.notify import EngineHealth, Notifier, Watchdog
-from tests.conftest import start_daemon, wait_until_ready
+from tests.helpers.daemon import start_daemon, wait_until_ready
 
 
 @dataclass

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import psutil
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # tests/, where the conftest is
 
 FAILING_TEST = '''
 import os
 from pathlib import Path
 
-from tests.conftest import start_daemon  # as the suite's tests import it
+from tests.helpers.daemon import start_daemon  # as the suite's tests import it
 
 
 def test_fails_with_its_daemon_up(tmp_path: Path) -> None:

@@ -23,14 +23,10 @@ from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, text_of
 
 T = TypeVar("T")
 StepOutcomes = tuple[list[Sampled], list[Sampled | None]]  # what `ModelRunner.step` returns
-PROMPT = [{"role": "user", "content": "Hello there, 안녕?"}]
-
-
-def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)  # type: ignore[arg-type]
 
 
 def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
@@ -43,21 +39,6 @@ def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
     reference = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                max_new_tokens=64, min_new_tokens=64, pad_token_id=0)
     assert ours == reference[0, len(prompt):].tolist()
-
-
-def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
-    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
-    import llmd.engine.model.sampling as sampling_module
-
-    seen: dict[int, list[torch.Tensor]] = {}
-    real_sample = sampling_module.sample
-
-    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
-        seen.setdefault(params.max_tokens, []).append(logits.clone())
-        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sampling_module, "sample", recording_sample)
-    return seen
 
 
 def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
@@ -124,13 +105,6 @@ def run_with_engine(
             await engine.shutdown()
 
     return asyncio.run(main())
-
-
-async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, str]:
-    prompt = await engine.encode_chat(PROMPT)
-    with engine.submit(prompt, params) as stream:
-        events = [event async for event in stream]
-    return "".join(e.text for e in events), events[-1].finish_reason.value  # type: ignore[union-attr]
 
 
 def test_engine_stream_matches_full_decode(tiny_model: Path) -> None:
@@ -294,24 +268,6 @@ def assert_each_alone_gives(
         assert solo == tokens[f"{prefix}{k}"], k
         torch.testing.assert_close(torch.stack(batched_logits[100 + k]), torch.stack(seen[100 + k]),
                                    rtol=1e-4, atol=1e-4)
-
-
-def staggered_batch(
-    runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]
-) -> dict[str, list[int]]:
-    """Request k joins at step k; `leave[step]` is released (aborted) after that step."""
-    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
-    running: list[Request] = []
-    for step in range(steps):
-        for request, token in zip(running, runner.decode(running), strict=True):
-            tokens[request.request_id].append(token)
-        if step < len(requests):
-            tokens[requests[step].request_id].append(runner.first_token(requests[step]))
-            running.append(requests[step])
-        if step in leave:
-            runner.release(leave[step])
-            running = [r for r in running if r.request_id != leave[step]]
-    return tokens
 
 
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])

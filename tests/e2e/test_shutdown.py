@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Daemon, start_daemon
+from tests.helpers.daemon import Daemon, start_daemon
 from tests.helpers.waiting import wait_until
 
 DEADLINE = 120.0  # generous: the suite must pass with every core busy

@@ -14,7 +14,7 @@ import pytest
 
 from llmd.api.access import HostCheck, media_type
 from llmd.config import Settings
-from tests.conftest import Daemon
+from tests.helpers.daemon import Daemon
 
 # --- Content-Type ---------------------------------------------------------------------------
 

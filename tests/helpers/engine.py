@@ -1,0 +1,77 @@
+"""Helpers for tests that drive the model runner or the engine on the tiny model.
+
+A chat prompt, greedy sampling parameters, a recorder of the logits each request samples
+from, a driver that joins and releases requests step by step, the text of one stream, a static-cache
+profile and the count of graphs torch.compile made.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from msgspec.structs import replace
+
+from llmd.config import Profile, load_profile
+from llmd.engine.client import EngineClient
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.types import Request, SamplingParams
+
+PROMPT = [{"role": "user", "content": "Hello there, 안녕?"}]
+
+
+def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
+    """Greedy sampling for `max_tokens` tokens, with any other parameters given."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kwargs)  # type: ignore[arg-type]
+
+
+def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
+    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
+    import llmd.engine.model.sampling as sampling_module
+
+    seen: dict[int, list[torch.Tensor]] = {}
+    real_sample = sampling_module.sample
+
+    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
+        seen.setdefault(params.max_tokens, []).append(logits.clone())
+        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sampling_module, "sample", recording_sample)
+    return seen
+
+
+def staggered_batch(
+    runner: ModelRunner, requests: list[Request], steps: int, leave: dict[int, str]
+) -> dict[str, list[int]]:
+    """Request k joins at step k; `leave[step]` is released (aborted) after that step."""
+    tokens: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    running: list[Request] = []
+    for step in range(steps):
+        for request, token in zip(running, runner.decode(running), strict=True):
+            tokens[request.request_id].append(token)
+        if step < len(requests):
+            tokens[requests[step].request_id].append(runner.first_token(requests[step]))
+            running.append(requests[step])
+        if step in leave:
+            runner.release(leave[step])
+            running = [r for r in running if r.request_id != leave[step]]
+    return tokens
+
+
+async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, str]:
+    """The text PROMPT streams back from the engine, and its finish reason."""
+    prompt = await engine.encode_chat(PROMPT)
+    with engine.submit(prompt, params) as stream:
+        events = [event async for event in stream]
+    return "".join(e.text for e in events), events[-1].finish_reason.value  # type: ignore[union-attr]
+
+
+def static_profile(**changes: object) -> Profile:
+    """The cpu profile on the static KV cache, with `changes`."""
+    compiled = changes.get("compile", "none") != "none"  # compile packs its own weights
+    return replace(load_profile("cpu"), kv_cache="static", onednn_linear=not compiled, **changes)
+
+
+def unique_graphs() -> int:
+    """How many graphs torch.compile has made in this process."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
