@@ -1,0 +1,302 @@
+"""`llmd bench` whole runs against a fake OpenAI server (real uvicorn on loopback, real client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+
+from llmd.bench import command
+
+Message = dict[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
+Capture = pytest.CaptureFixture[str]
+
+@dataclass
+class FakeOpenAI:
+    """A raw-ASGI OpenAI-shaped server; the requested model name picks its behaviour.
+
+    fake-ok: max_tokens tokens, two per content chunk, plus a usage chunk.
+    fake-nousage: the same, never reporting usage.
+    fake-flaky: streamed request k is ok (k%4==0), HTTP 503, a data error, an error event.
+    fake-stall: sends one chunk, then waits for the client to leave.
+    """
+
+    delay: float = 0.005
+    overhead: int = 11
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    streamed: int = 0
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/v1/models":
+            models = {"object": "list", "data": [{"id": "fake-ok"}, {"id": "other"}]}
+            await _send_json(send, 200, models)
+            return
+        body = json.loads(await _read_body(receive))
+        self.bodies.append(body)
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+        if not body.get("stream"):
+            await self._complete(send, body)
+        else:
+            await self._stream(receive, send, body)
+
+    async def _complete(self, send: Send, body: Message) -> None:
+        reply: Message = {"object": "chat.completion", "choices": [{"message": {"content": "a"}}]}
+        if body["model"] != "fake-nousage":
+            reply["usage"] = {"prompt_tokens": self._prompt_tokens(body), "completion_tokens": 1}
+        await _send_json(send, 200, reply)
+
+    def _prompt_tokens(self, body: Message) -> int:
+        return self.overhead + len(body["messages"][0]["content"].split())
+
+    async def _stream(self, receive: Receive, send: Send, body: Message) -> None:
+        model, index = body["model"], self.streamed
+        self.streamed += 1
+        if model == "fake-flaky" and index % 4 == 1:
+            await _send_json(send, 503, {"error": {"message": "overloaded"}})
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        await self._events(send, self._script(body, index))
+        if model == "fake-stall":
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        await send({"type": "http.response.body", "body": b""})
+
+    def _script(self, body: Message, index: int) -> list[bytes]:
+        tokens, model = body["max_tokens"], body["model"]
+        role = _chunk({"role": "assistant", "content": ""})
+        texts = [_chunk({"content": "ab"[: min(2, tokens - t)]}) for t in range(0, tokens, 2)]
+        if model == "fake-stall":
+            return [role, texts[0]]
+        if model == "fake-flaky" and index % 4 == 2:
+            return [role, texts[0], b'data: {"error": {"message": "decode failed"}}\n\n']
+        if model == "fake-flaky" and index % 4 == 3:
+            return [role, texts[0], b"event: error\ndata: {\"message\": \"oom\"}\n\n"]
+        counts = {"prompt_tokens": self._prompt_tokens(body), "completion_tokens": tokens}
+        usage = {"object": "chat.completion.chunk", "choices": [], "usage": counts}
+        tail = [] if model == "fake-nousage" else [b"data: " + json.dumps(usage).encode() + b"\n\n"]
+        if model == "fake-nodone":
+            finish = {"object": "chat.completion.chunk", "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "length"}]}
+            return [role, *texts, b"data: " + json.dumps(finish).encode() + b"\n\n", *tail]
+        if model == "fake-truncated":
+            return [role, *texts]
+        return [b": ping\n\n", role, *texts, *tail, b"data: [DONE]\n\n"]
+
+    async def _events(self, send: Send, events: list[bytes]) -> None:
+        for event in events:
+            # Halves in separate writes: the client must reassemble events across reads.
+            middle = len(event) // 2
+            for piece in (event[:middle], event[middle:]):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await asyncio.sleep(self.delay)
+
+
+def _chunk(delta: dict[str, str]) -> bytes:
+    chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+async def _read_body(receive: Receive) -> bytes:
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    return body
+
+
+async def _send_json(send: Send, status: int, payload: Any) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
+
+
+@dataclass
+class Served:
+    base_url: str
+    app: FakeOpenAI
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    app = FakeOpenAI()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, lifespan="off", ws="none", http="h11", loop="asyncio",
+                            log_level="critical", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "fake server did not start"
+    try:
+        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture
+def fake(served: Served) -> Served:
+    served.app.bodies.clear()
+    served.app.headers.clear()
+    served.app.streamed = 0
+    return served
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _bench_json(capsys: Capture, *argv: str) -> tuple[int, dict[str, Any]]:
+    code = command.run(_args(*argv, "--json", "--timeout", "30"))
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _streamed(app: FakeOpenAI) -> list[dict[str, Any]]:
+    return [body for body in app.bodies if body.get("stream")]
+
+
+# ---------------------------------------------------------------------- end to end
+
+
+def test_bench_measures_what_the_server_did(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(
+        capsys, "--base-url", fake.base_url, "--model", "fake-ok", "-c", "2", "-n", "3",
+        "--max-tokens", "8", "--prompt-tokens", "40",
+    )
+    assert code == 0
+    assert abs(report["prompt_tokens"] - 40) <= 2
+    (run,) = report["runs"]
+    assert (run["requests"], run["ok"], run["errors"]) == (6, 6, 0)
+    assert run["completion_tokens"] == 48
+    assert run["usage_source"] == "reported"
+    assert run["chunks_per_token"] == 0.5  # the server sent two tokens per chunk
+    assert run["prompt_tokens"] == report["prompt_tokens"]
+    assert 0 < run["ttft_ms_p50"] <= run["ttft_ms_p99"] < 30_000
+    assert 0 <= run["gap_ms_p50"] <= run["gap_ms_p99"] <= run["gap_ms_max"] < 30_000
+    assert run["output_tokens_per_s"] > 0 and run["wall_s"] > 0
+    assert report["median_output_tokens_per_s"] == {"http": run["output_tokens_per_s"]}
+    assert report["notes"] and "calibrated" in report["notes"][0]
+    (cpu,) = [note for note in report["notes"] if note.startswith("client CPU")]
+    assert float(cpu.split(", ")[1].split()[0]) > 0  # ms per completion token
+
+
+def test_bench_sends_the_requests_it_promises(fake: Served, capsys: Capture) -> None:
+    _bench_json(
+        capsys, "--base-url", fake.base_url, "-n", "4", "--warmup", "2", "--max-tokens", "6",
+        "--temperature", "0.5", "--api-key", "sekrit",
+    )
+    streamed = _streamed(fake.app)
+    assert len(streamed) == 6  # 2 warmup + 4 measured
+    assert {body["model"] for body in fake.app.bodies} == {"fake-ok"}  # from GET /models
+    assert all(body["stream_options"] == {"include_usage": True} for body in streamed)
+    assert all(body["max_tokens"] == 6 and body["temperature"] == 0.5 for body in streamed)
+    assert all("ignore_eos" not in body for body in fake.app.bodies)
+    first_words = [body["messages"][0]["content"].split()[0] for body in fake.app.bodies]
+    assert len(set(first_words)) == len(first_words)
+    assert all(h["authorization"] == "Bearer sekrit" for h in fake.app.headers)
+
+
+def test_shared_prompt_and_ignore_eos(fake: Served, capsys: Capture) -> None:
+    code, _ = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-ok", "-n", "3",
+                          "--max-tokens", "4", "--shared-prompt", "--ignore-eos")
+    assert code == 0
+    prompts = {body["messages"][0]["content"] for body in _streamed(fake.app)}
+    assert len(prompts) == 1
+    assert all(body["ignore_eos"] is True for body in fake.app.bodies)
+    assert all("authorization" not in h for h in fake.app.headers)
+
+
+def test_errors_are_counted_not_raised(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(
+        capsys, "--base-url", fake.base_url, "--model", "fake-flaky", "-c", "2", "-n", "4",
+        "--warmup", "0", "--max-tokens", "6",
+    )
+    assert code == 1
+    (run,) = report["runs"]
+    assert (run["requests"], run["ok"], run["errors"]) == (8, 2, 6)
+    assert run["completion_tokens"] == 12
+    messages = " | ".join(run["error_messages"])
+    assert "HTTP 503" in messages and "overloaded" in messages
+    assert "decode failed" in messages and "error event" in messages
+
+
+def test_missing_usage_falls_back_to_counting(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-nousage",
+                               "-n", "2", "--max-tokens", "8", "--prompt-tokens", "30")
+    assert code == 0
+    (run,) = report["runs"]
+    assert run["usage_source"] == "counted"
+    assert run["completion_tokens"] == 8  # 4 chunks per stream, counted
+    assert run["chunks_per_token"] is None
+    assert report["prompt_tokens"] is None
+    assert any("not calibrated" in note for note in report["notes"])
+    assert any("no usage" in note for note in report["notes"])
+
+
+def test_finished_stream_without_done_is_noted_not_failed(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-nodone",
+                               "-n", "2", "--max-tokens", "8", "--prompt-tokens", "30")
+    (run,) = report["runs"]
+    assert code == 0 and run["ok"] == 2 and run["missing_done"] == 2
+    assert any("without `data: [DONE]`" in note for note in report["notes"])
+
+
+def test_stream_cut_before_its_finish_is_an_error(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-truncated",
+                               "-n", "2", "--max-tokens", "8", "--prompt-tokens", "30")
+    (run,) = report["runs"]
+    assert code == 1 and run["errors"] == 2 and "before data: [DONE]" in run["error_messages"][0]
+
+
+def test_timeout_is_an_error(fake: Served, capsys: Capture) -> None:
+    code = command.run(_args("--base-url", fake.base_url, "--model", "fake-stall", "-n", "1",
+                           "--warmup", "0", "--max-tokens", "4", "--timeout", "0.5", "--json"))
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert code == 1
+    assert run["errors"] == 1 and "timed out" in run["error_messages"][0]
+
+
+def test_repeats_and_table(fake: Served, capsys: Capture) -> None:
+    code = command.run(_args("--base-url", fake.base_url, "--model", "fake-ok", "-c", "2", "-n", "1",
+                           "--max-tokens", "4", "--repeats", "3"))
+    table = capsys.readouterr().out
+    assert code == 0
+    for text in ("TTFT p50", "gap max", "chunk/tok", "http #1", "http #3", "median out tok/s"):
+        assert text in table
+    rows = [line for line in table.splitlines() if line.startswith("http #")]
+    assert len(rows) == 3 and all(row.split()[3] == "0" for row in rows)  # err column
+
+
+def test_unreachable_server(capsys: Capture) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    assert command.run(_args("--base-url", base_url)) == 1
+    assert "pass --model" in capsys.readouterr().err
+    code, report = _bench_json(capsys, "--base-url", base_url, "--model", "m", "-n", "2")
+    assert code == 1
+    (run,) = report["runs"]
+    assert run["errors"] == 2 and "ConnectionRefusedError" in run["error_messages"][0]
