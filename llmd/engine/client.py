@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
+from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
 
 if TYPE_CHECKING:
     from llmd.engine.tokenizer import ChatTokenizer
-    from llmd.engine.worker import EngineWorker
 
 log = logging.getLogger("llmd.engine")
 
@@ -99,8 +99,6 @@ class EngineClient:
 
     def __init__(self, worker: EngineWorker, max_context: int) -> None:
         """Attach to `worker` (not started yet) as its one listener; `max_context` bounds every prompt."""
-        from llmd.engine.worker import WorkerHooks  # lazily: the API layer imports without torch
-
         self.profile = worker.profile
         self.max_context = max_context
         self._worker = worker

@@ -111,3 +111,13 @@ class EngineStats:
     generated_tokens: int
     prefix_hits: int
     prefix_tokens_reused: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowFailure:
+    """A row of a step that gave no token, and why: its request ends, the step's others go on."""
+
+    message: str
+
+
+Sampled = int | RowFailure  # one row's outcome of a step

@@ -14,19 +14,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmd.config import Profile
 from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
-from llmd.engine.model.runner import ModelRunner
-from llmd.engine.model.sampling import RowFailure, Sampled
-from llmd.engine.model.sdpa import attention_summary, sdpa_preference
 from llmd.engine.scheduler import Scheduler
-from llmd.engine.tokenizer import ChatTokenizer
-from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
+from llmd.engine.types import EngineStats, Request, RowFailure, Sampled, SamplingParams, TokenEvent
 from llmd.units import mib
+
+if TYPE_CHECKING:
+    from llmd.engine.model.runner import ModelRunner
+    from llmd.engine.tokenizer import ChatTokenizer
 
 log = logging.getLogger("llmd.engine")
 
@@ -124,6 +125,10 @@ class EngineWorker:
             self._wakeup.notify()
 
     def _run(self) -> None:
+        # The model side loads here, on the worker's own thread: importing this module
+        # (the client, the API tier's fakes) stays torch-free.
+        from llmd.engine.model.sdpa import sdpa_preference
+
         with sdpa_preference(self.profile):  # warm-up and serving alike
             self._load_then_serve()
 
@@ -140,26 +145,15 @@ class EngineWorker:
             self._step()
 
     def _load(self) -> None:
+        from llmd.engine.model.runner import ModelRunner
+        from llmd.engine.tokenizer import ChatTokenizer
+
         self._set_phase(f"loading the model ({self.profile.name})")
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
-        threads, detail = self.runner.threads, ""
-        if threads is not None:
-            detail = f"; {threads.lone_decode} threads for one stream, {threads.compute} otherwise"
-        report = self.runner.load_report
-        log.info("model loaded in %.2f s on %s: %s of weights, %s on the device%s",
-                 report.seconds, report.device, mib(report.weight_bytes), mib(report.device_bytes), detail)
-        self.load_seconds = report.seconds
-        if report.prepack is not None:
-            log.info("linear layers: %s", report.prepack.summary())
-        if self.runner.fused:
-            log.info("steps: a newcomer's prompt chunk shares the forward pass of the decoding streams")
-        if self.runner.direct_problem is None:
-            log.info("decode steps: the model's layers called directly, not through transformers' forward")
-        else:
-            log.info("decode steps: transformers' forward (%s)", self.runner.direct_problem)
-        log.info("attention: %s", attention_summary(self.runner.model, self.profile))
+        self.load_seconds = self.runner.load_report.seconds
+        self._log_load(self.runner)
         if self.profile.warmup:
             compiling = self.profile.compile != "none" and self.profile.kv_cache == "static"
             phase = f"compiling the decode step ({self.profile.compile})" if compiling else "warming up"
@@ -168,6 +162,26 @@ class EngineWorker:
             self._warm_up()
             self.warmup_seconds = time.perf_counter() - started
             log.info("warm-up done in %.2f s", self.warmup_seconds)
+
+    def _log_load(self, runner: ModelRunner) -> None:
+        """What was loaded, where, and which fast paths proved themselves."""
+        from llmd.engine.model.sdpa import attention_summary
+
+        threads, detail = runner.threads, ""
+        if threads is not None:
+            detail = f"; {threads.lone_decode} threads for one stream, {threads.compute} otherwise"
+        report = runner.load_report
+        log.info("model loaded in %.2f s on %s: %s of weights, %s on the device%s",
+                 report.seconds, report.device, mib(report.weight_bytes), mib(report.device_bytes), detail)
+        if report.prepack is not None:
+            log.info("linear layers: %s", report.prepack.summary())
+        if runner.fused:
+            log.info("steps: a newcomer's prompt chunk shares the forward pass of the decoding streams")
+        if runner.direct_problem is None:
+            log.info("decode steps: the model's layers called directly, not through transformers' forward")
+        else:
+            log.info("decode steps: transformers' forward (%s)", runner.direct_problem)
+        log.info("attention: %s", attention_summary(runner.model, self.profile))
 
     def _warm_up(self) -> None:
         assert self.runner is not None and self.tokenizer is not None
@@ -280,7 +294,7 @@ class EngineWorker:
         message = f"generation failed: {type(exc).__name__}: {exc}"
         for request in requests:
             events.append((request.request_id, self._end_with_error(request, message)))
-        if ModelRunner.out_of_memory(exc):
+        if self.runner is not None and self.runner.out_of_memory(exc):
             log.error("out of memory: lower max_running or max_context in the profile")
 
     def _end_with_error(self, request: Request, message: str) -> TokenEvent:

@@ -18,9 +18,9 @@ from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.runner import ModelRunner
-from llmd.engine.model.sampling import Sampled, sample
+from llmd.engine.model.sampling import sample
 from llmd.engine.tokenizer import ChatTokenizer
-from llmd.engine.types import Request, SamplingParams
+from llmd.engine.types import Request, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, text_of

@@ -19,9 +19,9 @@ from msgspec.structs import replace
 from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
-from llmd.engine.model.sampling import RowFailure, Sampled, Sampler, sample
+from llmd.engine.model.sampling import Sampler, sample
 from llmd.engine.tokenizer import ChatTokenizer
-from llmd.engine.types import Request, SamplingParams
+from llmd.engine.types import Request, RowFailure, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import EngineFailure
 

@@ -23,10 +23,10 @@ from llmd.engine.model.prefill import prefill_padded
 from llmd.engine.model.prefix_cache import PrefixCache
 from llmd.engine.model.probes import prove_fast_paths
 from llmd.engine.model.request_cache import Layers, new_cache
-from llmd.engine.model.sampling import Sampled, Sampler, SequenceState, accept, token_or_raise, usable_rows
+from llmd.engine.model.sampling import Sampler, SequenceState, accept, token_or_raise, usable_rows
 from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
 from llmd.engine.model.threads import IntraOpThreads, ThreadPlan
-from llmd.engine.types import Request
+from llmd.engine.types import Request, Sampled
 
 log = logging.getLogger("llmd.engine")
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from llmd.engine.types import SamplingParams
+from llmd.engine.types import RowFailure, Sampled, SamplingParams
 from llmd.errors import EngineFailure
 
 log = logging.getLogger("llmd.engine")
@@ -31,16 +31,6 @@ class Sampler(Protocol):
 
     def __call__(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
                  token_counts: torch.Tensor | None) -> int: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RowFailure:
-    """A row of a step that gave no token, and why: its request ends, the step's others go on."""
-
-    message: str
-
-
-Sampled = int | RowFailure  # one row's outcome of a step
 
 
 @dataclass(slots=True)
