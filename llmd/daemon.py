@@ -60,7 +60,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
 
     keys = api_keys(settings, os.environ)
     warn_if_exposed(settings, keys)
-    app = create_app(engine, metrics, settings, model_id, keys)
+    app = create_app(engine, metrics, settings, model_id, keys, context_length=engine.max_context)
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,

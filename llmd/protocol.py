@@ -123,13 +123,20 @@ class ChatCompletionChunk(msgspec.Struct):
     usage: Usage | None = None
 
 
-class Model(msgspec.Struct):
-    """An entry of `GET /v1/models`."""
+class Model(msgspec.Struct, kw_only=True):
+    """An entry of `GET /v1/models` and the body of `GET /v1/models/{id}`.
+
+    OpenAI's four fields, then the context window in the names clients look for: vLLM's
+    `max_model_len` (Continue's vLLM provider reads it) and `context_length` (llama.vscode and
+    others). Both are the context the engine enforces per request, prompt plus completion.
+    """
 
     id: str
+    object: Literal["model"] = "model"
     created: int
     owned_by: str
-    object: Literal["model"] = "model"
+    max_model_len: int
+    context_length: int
 
 
 class ModelList(msgspec.Struct):

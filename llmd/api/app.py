@@ -12,19 +12,24 @@ from llmd.api.dependencies import ServedModel, collaborators
 from llmd.api.errors import ErrorRenderer
 from llmd.api.health import health, ready, stats
 from llmd.api.metrics import export_metrics
-from llmd.api.models import list_models
+from llmd.api.models import list_models, retrieve_model
 from llmd.config import Settings
 from llmd.engine.client import Engine
 from llmd.service.metrics import Metrics
 
 
 def create_app(
-    engine: Engine, metrics: Metrics, settings: Settings, model_id: str, keys: frozenset[str] = frozenset()
+    engine: Engine, metrics: Metrics, settings: Settings, model_id: str, keys: frozenset[str] = frozenset(),
+    *, context_length: int,
 ) -> Litestar:
-    """The app around collaborators the caller owns: it starts and stops the engine, feeds the metrics."""
-    served = ServedModel(model_id, int(time.time()))
+    """The app around collaborators the caller owns: it starts and stops the engine, feeds the metrics.
+
+    `context_length` is the context the engine enforces per request, advertised in `/v1/models`.
+    """
+    served = ServedModel(model_id, int(time.time()), context_length)
     return Litestar(
-        route_handlers=[create_chat_completion, list_models, health, ready, stats, export_metrics],
+        route_handlers=[create_chat_completion, list_models, retrieve_model, health, ready, stats,
+                        export_metrics],
         # The Host first: a rebinding page learns nothing, not even whether keys are set.
         guards=[HostCheck(settings), KeyCheck(keys, settings.protect_metrics), require_json],
         middleware=[Cors(settings.cors_origins)],

@@ -21,10 +21,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
-    """The served model as clients see it: the name requests must use, and when serving began."""
+    """The served model as clients see it: the name requests must use, when serving began, and
+    `context_length`, the tokens (prompt plus completion) the engine allows one request."""
 
     id: str
     created: int
+    context_length: int
 
 
 InjectedEngine = SkipValidation[Engine]

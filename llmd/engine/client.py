@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
+from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
 from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
@@ -113,7 +113,7 @@ class EngineClient:
         self._ids = itertools.count()
         self._tokenizer: ChatTokenizer | None = None
         self._large_prompt_slots = asyncio.Semaphore(LARGE_PROMPT_SLOTS)
-        self._recent_seconds = 1.0
+        self._lengths = CompletionLengths()  # of requests that ended by themselves, for Retry-After
         self.ready = asyncio.Event()
         self.failed: asyncio.Future[BaseException] | None = None
         self.draining = False
@@ -203,7 +203,7 @@ class EngineClient:
         """
         self._admit()
         request_id = f"req-{next(self._ids)}"
-        stream = GenerationStream(self, request_id, len(prompt_ids))
+        stream = GenerationStream(self, request_id, len(prompt_ids), params.max_tokens)
         self._streams[request_id] = stream
         self._idle.clear()
         self._worker.submit(Request(request_id, prompt_ids, params))
@@ -215,8 +215,7 @@ class EngineClient:
             self._idle.set()
         if not stream.done:
             self._worker.abort(stream.request_id)
-        elapsed = time.monotonic() - stream.started
-        self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * elapsed
+        self._lengths.observe(stream.completion_tokens, stream.finish_reason)
         log.info("%s", stream.summary())
         for observer in self.observers:
             observer(stream)
@@ -263,9 +262,10 @@ class EngineClient:
             )
 
     def _retry_after(self) -> int:
-        """Seconds until a slot is likely free: queue depth times recent request time."""
-        waiting = max(0, len(self._streams) - self.profile.max_running)
-        return math.ceil(self._recent_seconds * (1 + waiting / self.profile.max_running))
+        """Seconds until a place likely frees (`retry_after`): open streams in arrival order, as scheduled."""
+        open_requests = (OpenRequest(s.completion_tokens, s.max_tokens) for s in self._streams.values())
+        return retry_after(open_requests, self.profile.max_running, self._worker.pace.seconds,
+                           self._lengths.tokens)
 
     def _deliver_from_worker(self, batch: list[tuple[str, TokenEvent]]) -> None:
         assert self._loop is not None
@@ -294,9 +294,10 @@ class EngineClient:
 class GenerationStream:
     """The events of one submitted request, in order; an async iterator and a context manager."""
 
-    def __init__(self, client: EngineClient, request_id: str, prompt_tokens: int) -> None:
+    def __init__(self, client: EngineClient, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens  # the completion budget it was admitted with
         # the worker's events, or an error the client ends the request with (the drain's cut)
         self.events: asyncio.Queue[TokenEvent | LlmdError] = asyncio.Queue()
         self.started = time.monotonic()

@@ -21,6 +21,7 @@ from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
+from llmd.engine.retry_after import StepPace
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.types import EngineStats, Request, RowFailure, Sampled, SamplingParams, TokenEvent
 from llmd.units import mib
@@ -68,6 +69,7 @@ class EngineWorker:
         self.load_seconds = self.warmup_seconds = self.compile_seconds = 0.0
         # The systemd watchdog's view of this thread: a step that never ends stops the pings.
         self.heartbeat = Heartbeat()
+        self.pace = StepPace()  # recent decode step time, read by the client for Retry-After
         self.runner: ModelRunner | None = None
         self.tokenizer: ChatTokenizer | None = None
         self.eos_token_ids: frozenset[int] = frozenset()
@@ -252,6 +254,7 @@ class EngineWorker:
         events: list[tuple[str, TokenEvent]] = []
         # Running streams get their token first; newcomers join the batch after their prefill.
         self.heartbeat.step_started()
+        started = time.perf_counter()
         try:
             chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
             tokens, firsts = self.runner.step(plan.decode, chunks)
@@ -265,6 +268,8 @@ class EngineWorker:
                 if first is not None:
                     events.append((chunk.request.request_id, self._outcome(chunk.request, first)))
         self.heartbeat.step_finished()
+        if plan.decode:  # each running stream waited this long for its token
+            self.pace.observe(time.perf_counter() - started)
         self.steps += 1
         self.hooks.deliver(events)
 

@@ -40,7 +40,8 @@ def test_head_answers_a_get_route_with_its_headers(path: str) -> None:
 
 def test_every_get_route_also_answers_head() -> None:
     engine = FakeEngine()
-    app = create_app(engine, Metrics(engine_stats=engine.stats), Settings(), MODEL)
+    app = create_app(engine, Metrics(engine_stats=engine.stats), Settings(), MODEL,
+                     context_length=engine.max_context)
     for route in app.routes:
         methods: set[str] = getattr(route, "methods", set())
         assert "GET" not in methods or "HEAD" in methods, route.path

@@ -31,7 +31,7 @@ def served(engine: FakeEngine | None = None, settings: Settings | None = None,
     """A test client of the app around `engine` (a default fake unless given)."""
     engine = engine if engine is not None else FakeEngine()
     metrics = metrics if metrics is not None else Metrics(engine_stats=engine.stats)
-    app = create_app(engine, metrics, settings or Settings(), MODEL, keys)
+    app = create_app(engine, metrics, settings or Settings(), MODEL, keys, context_length=engine.max_context)
     with TestClient(app, base_url=BASE_URL) as client:
         yield client
 

@@ -90,7 +90,7 @@ def test_the_engine_clients_stream_fits_the_observer() -> None:
     """`GenerationStream` (engine/client.py) has every field `observe_stream` reads."""
     from llmd.engine.client import GenerationStream
 
-    stream = GenerationStream(None, "r1", 12)  # type: ignore[arg-type]  # no client needed to read it
+    stream = GenerationStream(None, "r1", 12, 16)  # type: ignore[arg-type]  # no client needed to read it
     metrics = Metrics()
     metrics.observe_stream(stream)
     assert scrape(metrics)[("llmd_requests_total", (("finish_reason", "disconnected"),))] == 1
@@ -218,7 +218,7 @@ def test_a_stream_cut_by_the_drain_counts_as_an_in_stream_error() -> None:
     """The drain's cut reaches the SSE framing as `shutting_down`, counted like an error response."""
     from llmd.engine.client import GenerationStream
 
-    stream = GenerationStream(None, "r1", 12)  # type: ignore[arg-type]  # never closed here
+    stream = GenerationStream(None, "r1", 12, 16)  # type: ignore[arg-type]  # never closed here
     stream.events.put_nowait(TokenEvent("Once", 1))
     stream.fail(ShuttingDown("the drain timeout ran out"))
     metrics = Metrics()
