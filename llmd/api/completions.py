@@ -122,9 +122,14 @@ async def encode_prompts(engine: Engine, prompts: list[PromptInput], suffix: str
 
 
 def budget(engine: Engine, prompt: CompletionPrompt, max_tokens: int | None, index: int, count: int) -> int:
-    """The prompt's completion budget: `max_tokens` (default 16), refused when the context cannot hold it."""
+    """The prompt's completion budget: `max_tokens` (default 16), cut to the room the context has left.
+
+    Cut, not refused, as llama.cpp and Ollama do: editor plugins send `max_tokens` 4096 whatever
+    the model's context. A prompt that leaves no room is refused as chat's is.
+    """
+    wanted = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     with naming_the_prompt(index, count):
-        return engine.check_context(len(prompt.ids), DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+        return min(wanted, engine.check_context(len(prompt.ids), None))
 
 
 @contextlib.contextmanager

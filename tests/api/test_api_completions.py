@@ -130,11 +130,18 @@ def test_a_model_without_fim_tokens_refuses_a_suffix() -> None:
 
 
 @pytest.mark.parametrize(("prompt", "param"), [("x", "prompt"), (["a", "b"], "prompt[0]")])
-def test_a_prompt_longer_than_the_context_is_the_chat_400(prompt: object, param: str) -> None:
-    with served(FakeEngine(max_context=8)) as client:
+def test_a_prompt_that_fills_the_context_is_the_chat_400(prompt: object, param: str) -> None:
+    with served(FakeEngine(max_context=7)) as client:  # the fake's prompts are 7 tokens
         error = openai_error(post(client, prompt=prompt), 400, "context_length_exceeded")
-    assert error["param"] == param and "maximum context length is 8 tokens" in error["message"]
+    assert error["param"] == param and "maximum context length is 7 tokens" in error["message"]
     assert "in the prompt" in error["message"] and "messages" not in error["message"]
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_the_room_left() -> None:
+    engine = FakeEngine(max_context=10)
+    with served(engine) as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="x", max_tokens=4096)  # as Continue sends
+    assert engine.submitted[0][1].max_tokens == 3 and result.choices[0].finish_reason == "length"
 
 
 def test_a_suffix_with_token_ids_is_refused() -> None:
