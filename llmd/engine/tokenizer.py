@@ -90,6 +90,8 @@ class ChatTokenizer:
             self._literal_backend = type(self._backend).from_str(self._backend.to_str())
             self._literal_backend.encode_special_tokens = True
         self._specials = special_token_pattern(self._tokenizer)
+        self._special_ids = {token.content: token_id for token_id, token in
+                             self._tokenizer.added_tokens_decoder.items() if token.special}
         self._newline = self.encode_text("\n", literal=False)
         eos = self._tokenizer.eos_token_id
         self.eos_token_ids = frozenset() if eos is None else frozenset([int(eos)])
@@ -262,6 +264,14 @@ class ChatTokenizer:
         last = max((word for word in words if word is not None), default=0)
         first = 2 if after_text else 0
         return sum(1 for word in words if word is None or first <= word < last - 1)
+
+    def special_stop_ids(self, stops: tuple[str, ...]) -> tuple[int, ...]:
+        """Ids of the stop strings that are one special token: decoding skips those, so no text matches.
+
+        Continue stops a Qwen coder at `<|fim_pad|>`, `<|file_sep|>`, `<|endoftext|>`...; they must
+        end generation as tokens (`SamplingParams.stop_token_ids`).
+        """
+        return tuple(dict.fromkeys(self._special_ids[stop] for stop in stops if stop in self._special_ids))
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens skipped; the Rust decoder directly when available."""

@@ -48,7 +48,9 @@ def wait_for(daemon: Daemon, predicate: Callable[[dict], bool]) -> dict:
         current = stats(daemon)
         return current if predicate(current) else None
 
-    return wait_until("matching the engine stats", matching)
+    found: dict | None = wait_until("matching the engine stats", matching)
+    assert found is not None  # wait_until returns only a truthy value
+    return found
 
 
 def test_non_stream_and_stream_agree_and_have_the_openai_shape(daemon: Daemon) -> None:

@@ -144,3 +144,11 @@ def test_an_oversized_prompt_is_refused_early(fim_dirs: dict[str, Path]) -> None
         tokenizer.encode_completion("print(i)\n" * 10_000, None)
     with pytest.raises(ContextLengthExceeded):
         tokenizer.encode_completion("print(i)\n" * 10_000, "x")
+
+
+def test_stop_strings_that_are_special_tokens_have_their_ids(fim_dirs: dict[str, Path]) -> None:
+    tokenizer = ChatTokenizer(fim_dirs["qwen"])
+    stops = ("<|fim_pad|>", "\n\n", "<|file_sep|>", "<|im_start|>", "<|fim_pad|>")  # no <|im_start|> here
+    pad, file_sep = token(tokenizer, "<|fim_pad|>"), token(tokenizer, "<|file_sep|>")
+    assert tokenizer.special_stop_ids(stops) == (pad, file_sep)
+    assert tokenizer.special_stop_ids(()) == ()
