@@ -226,8 +226,13 @@ async def merged_events(streams: list[TokenStream]) -> AsyncIterator[tuple[int, 
 
 
 async def collect_texts(streams: list[TokenStream]) -> list[tuple[str, str]]:
-    """(text, finish reason) of every stream, read side by side."""
-    return list(await asyncio.gather(*(collect_text(stream) for stream in streams)))
+    """(text, finish reason) of every stream, read side by side; one failing stops the others' reading."""
+    readers = [asyncio.ensure_future(collect_text(stream)) for stream in streams]
+    try:
+        return list(await asyncio.gather(*readers))
+    finally:
+        for reader in readers:
+            reader.cancel()
 
 
 async def collect_text(stream: TokenStream) -> tuple[str, str]:

@@ -193,6 +193,13 @@ def test_an_engine_failure_mid_stream_is_one_error_event_then_done() -> None:
     assert chunks[-1]["error"]["code"] == "engine_error" and engine.streams[0].closed
 
 
-def test_an_engine_failure_without_streaming_is_500() -> None:
-    with served(FakeEngine(failure=EngineFailure("the device fell over"), fail_after=1)) as client:
-        openai_error(post(client, prompt=["a", "b"]), 500, "engine_error")
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failure_in_one_of_several_prompts_ends_them_all(stream: bool) -> None:
+    engine = FakeEngine(failure=EngineFailure("the device fell over"), fail_after=1)
+    with served(engine) as client:
+        response = post(client, prompt=["a", "b", "c"], stream=stream)
+    if stream:
+        assert sse_chunks(response)[-1]["error"]["code"] == "engine_error"
+    else:
+        openai_error(response, 500, "engine_error")
+    assert len(engine.streams) == 3 and all(s.closed for s in engine.streams)
