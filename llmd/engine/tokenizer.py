@@ -5,6 +5,10 @@ the messages' strings (content, names, and anything nested) is swapped for a num
 placeholder; the rendered text is cut at the placeholders and their strings are encoded as
 plain text, so user content such as `<|eot|>` can never forge a turn. A chat without such
 strings is one encode of the rendered text, as before.
+
+A completions prompt is raw text: its special-token strings are those tokens (Continue writes
+its FIM template as text), after the BOS the tokenizer adds. With a `suffix`, the model's FIM
+layout (`engine/fim.py`) is filled with the prefix and suffix as literal text.
 """
 
 from __future__ import annotations
