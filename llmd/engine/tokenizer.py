@@ -1,6 +1,6 @@
 """The model's tokenizer: chat template to prompt ids, ids to text, end-of-sequence ids.
 
-Only the chat template emits control tokens. Before rendering, every special-token string in
+In a chat only the template emits control tokens. Before rendering, every special-token string in
 the messages' strings (content, names, and anything nested) is swapped for a numbered
 placeholder; the rendered text is cut at the placeholders and their strings are encoded as
 plain text, so user content such as `<|eot|>` can never forge a turn. A chat without such
