@@ -104,6 +104,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Server-side FIM prompt (`/v1/completions` with `suffix`) instead of the one detected from the
+    # tokenizer: text with control tokens as text, `{prefix}` and `{suffix}` once each.
+    fim_template: str | None = None
 
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -116,7 +119,22 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     source = str(path) if path else "command line"
     settings = _convert(values, Settings, source)
     _check_allowed_hosts(settings.allowed_hosts, source)
+    _check_fim_template(settings.fim_template, source)
     return settings
+
+
+FIM_HOLES = ("{prefix}", "{suffix}")
+
+
+def _check_fim_template(template: str | None, source: str) -> None:
+    """A `fim_template` must hold `{prefix}` and `{suffix}` exactly once each."""
+    if template is None:
+        return
+    for hole in FIM_HOLES:
+        count = template.count(hole)
+        if count != 1:
+            raise ConfigError(f"{source}: key `fim_template`: must contain `{hole}` exactly once "
+                              f"(found {count})", param="fim_template")
 
 
 _HOST_NAME = re.compile(r"\.?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?", re.IGNORECASE)

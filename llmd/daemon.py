@@ -42,7 +42,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
     notifier = Notifier.from_environ()
     notifier.status(f"loading {model_id} ({profile.name})")
-    engine = build_engine(model_dir, profile, plan.context)
+    engine = build_engine(model_dir, profile, plan.context, settings.fim_template)
     metrics = build_metrics(engine)
 
     async def drain() -> None:
@@ -91,11 +91,12 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     return 1 if engine.failed is not None and engine.failed.done() else 0
 
 
-def build_engine(model_dir: str, profile: Profile, max_context: int) -> EngineClient:
+def build_engine(model_dir: str, profile: Profile, max_context: int,
+                 fim_template: str | None = None) -> EngineClient:
     """The native engine: its worker thread (not started yet) and the client over it."""
     from llmd.engine.worker import EngineWorker  # the model side: torch loads here, not at import
 
-    return EngineClient(EngineWorker(model_dir, profile), max_context)
+    return EngineClient(EngineWorker(model_dir, profile), max_context, fim_template)
 
 
 def build_metrics(engine: EngineClient) -> Metrics:

@@ -159,3 +159,61 @@ class ErrorResponse(msgspec.Struct):
     """`{"error": {...}}`, the one error shape llmd answers with."""
 
     error: ErrorDetail
+
+
+# --- Completions (`POST /v1/completions`, the legacy text API) ----------------------------------
+
+TokenId = Annotated[int, Meta(ge=0)]
+# Stop strings per request: far above what editor plugins send (Continue sends 12-20); each
+# costs a scan per generated token.
+MAX_STOP_STRINGS = 256
+
+
+class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of `POST /v1/completions` (the implemented subset, plus `top_k`).
+
+    `prompt` is a string, a list of strings, a token-id list or a list of them; msgspec cannot
+    tell two list types apart in a union, so which of the list forms it is the handler checks.
+    """
+
+    model: str
+    prompt: str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+    echo: bool | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
+    max_tokens: Annotated[int, Meta(ge=1)] | None = None
+    n: Annotated[int, Meta(ge=1)] | None = None
+    presence_penalty: Penalty | None = None
+    seed: Annotated[int, Meta(ge=0)] | None = None  # below 2**64: SamplingParams checks
+    stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    user: str | None = None
+    # Extension shared with vLLM and llama.cpp; -1 and 0 both mean "off".
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+
+
+class CompletionChoice(msgspec.Struct):
+    """One choice of a `text_completion`; in a streamed chunk, `text` is the new piece."""
+
+    text: str
+    index: int
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class Completion(msgspec.Struct):
+    """A `text_completion`: the whole response, or one streamed chunk of it (same object, as OpenAI)."""
+
+    id: str
+    choices: list[CompletionChoice]
+    created: int
+    model: str
+    object: Literal["text_completion"] = "text_completion"
+    system_fingerprint: str | None = None
+    usage: Usage | None = None

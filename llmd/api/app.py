@@ -8,6 +8,7 @@ from litestar import Litestar
 
 from llmd.api.access import Cors, HostCheck, KeyCheck, require_json
 from llmd.api.chat import create_chat_completion
+from llmd.api.completions import create_completion
 from llmd.api.dependencies import ServedModel, collaborators
 from llmd.api.errors import ErrorRenderer
 from llmd.api.health import health, ready, stats
@@ -28,8 +29,8 @@ def create_app(
     """
     served = ServedModel(model_id, int(time.time()), context_length)
     return Litestar(
-        route_handlers=[create_chat_completion, list_models, retrieve_model, health, ready, stats,
-                        export_metrics],
+        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health,
+                        ready, stats, export_metrics],
         # The Host first: a rebinding page learns nothing, not even whether keys are set.
         guards=[HostCheck(settings), KeyCheck(keys, settings.protect_metrics), require_json],
         middleware=[Cors(settings.cors_origins)],

@@ -16,12 +16,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
-from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
+from llmd.engine.types import CompletionPrompt, EngineStats, Request, SamplingParams, TokenEvent
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from llmd.engine.tokenizer import ChatTokenizer
 
 log = logging.getLogger("llmd.engine")
+T = TypeVar("T")
 
 
 class TokenStream(Protocol):
@@ -64,6 +65,10 @@ class Engine(Protocol):
         """Prompt ids for chat messages (role and text content, as the chat template takes them)."""
         ...
 
+    async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
+        """A completions prompt: text (control tokens parsed), token ids, or with `suffix` the FIM layout."""
+        ...
+
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises `ContextLengthExceeded` when it cannot fit."""
         ...
@@ -97,10 +102,14 @@ def context_budget(max_context: int, prompt_tokens: int, max_tokens: int | None)
 class EngineClient:
     """Submits requests to the one worker and streams their events back."""
 
-    def __init__(self, worker: EngineWorker, max_context: int) -> None:
-        """Attach to `worker` (not started yet) as its one listener; `max_context` bounds every prompt."""
+    def __init__(self, worker: EngineWorker, max_context: int, fim_template: str | None = None) -> None:
+        """Attach to `worker` (not started yet) as its one listener; `max_context` bounds every prompt.
+
+        `fim_template` (settings) overrides the FIM layout detected from the tokenizer.
+        """
         self.profile = worker.profile
         self.max_context = max_context
+        self.fim_template = fim_template
         self._worker = worker
         worker.hooks = WorkerHooks(
             deliver=self._deliver_from_worker,
@@ -130,7 +139,8 @@ class EngineClient:
         self.failed = self._loop.create_future()
         from llmd.engine.tokenizer import ChatTokenizer
 
-        self._tokenizer = await asyncio.to_thread(ChatTokenizer, self._worker.model_dir, self.max_context)
+        self._tokenizer = await asyncio.to_thread(
+            ChatTokenizer, self._worker.model_dir, self.max_context, self.fim_template)
         self._worker.start()
 
     async def shutdown(self) -> None:
@@ -172,21 +182,32 @@ class EngineClient:
         Meanwhile the worker counts the request as arriving: an idle worker waits for a
         burst's stragglers instead of starting on the first alone (`EngineWorker.arriving`).
         """
-        assert self._tokenizer is not None and self._loop is not None, "start() first"
+        assert self._tokenizer is not None, "start() first"
         large = text_length(messages) > LARGE_PROMPT_CHARS
+        return await self._encode(self._tokenizer.encode_chat, messages, large=large)
+
+    async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
+        """A completions prompt's ids (see `ChatTokenizer.encode_completion`), encoded as `encode_chat` is."""
+        assert self._tokenizer is not None, "start() first"
+        chars = len(prompt) + len(suffix or "") if isinstance(prompt, str) else 0
+        large = chars > LARGE_PROMPT_CHARS
+        return await self._encode(self._tokenizer.encode_completion, prompt, suffix, large=large)
+
+    async def _encode(self, encode: Callable[..., T], *args: Any, large: bool) -> T:
+        assert self._loop is not None, "start() first"
         async with self._large_prompt_slots if large else contextlib.nullcontext():
             self._worker.arriving(+1)
             try:
-                return await asyncio.to_thread(self._encode_and_release, messages, large)
+                return await asyncio.to_thread(self._encode_and_release, encode, args, large)
             finally:
                 # Uncounted only after the caller's synchronous `submit` (same task step, no
                 # await between) has posted the request, or after it has failed instead.
                 self._loop.call_soon(self._worker.arriving, -1)
 
-    def _encode_and_release(self, messages: list[dict[str, Any]], large: bool) -> list[int]:
-        assert self._tokenizer is not None
+    @staticmethod
+    def _encode_and_release(encode: Callable[..., T], args: tuple[Any, ...], large: bool) -> T:
         try:
-            return self._tokenizer.encode_chat(messages)
+            return encode(*args)
         finally:
             if large:  # glibc keeps a big encode's freed arenas unless asked to return them
                 release_free_memory()

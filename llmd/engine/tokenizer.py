@@ -1,10 +1,14 @@
 """The model's tokenizer: chat template to prompt ids, ids to text, end-of-sequence ids.
 
-Only the chat template emits control tokens. Before rendering, every special-token string in
+In a chat only the template emits control tokens. Before rendering, every special-token string in
 the messages' strings (content, names, and anything nested) is swapped for a numbered
 placeholder; the rendered text is cut at the placeholders and their strings are encoded as
 plain text, so user content such as `<|eot|>` can never forge a turn. A chat without such
 strings is one encode of the rendered text, as before.
+
+A completions prompt is raw text: its special-token strings are those tokens (Continue writes
+its FIM template as text), after the BOS the tokenizer adds. With a `suffix`, the model's FIM
+layout (`engine/fim.py`) is filled with the prefix and suffix as literal text.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from llmd.errors import ContextLengthExceeded, InvalidRequest
+from llmd.engine.fim import FimLayout, FimPart, Hole, detect_fim_layout, template_layout
+from llmd.engine.types import CompletionPrompt
+from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
 # Private-use characters around a placeholder's index; a user's own are placeholders too.
 _OPEN, _CLOSE = "\ue000", "\ue001"
@@ -75,7 +81,8 @@ class ChatTokenizer:
     more before encoding all of it, so an oversized prompt costs work bounded by the context.
     """
 
-    def __init__(self, model_dir: str | Path, max_context: int | None = None) -> None:
+    def __init__(self, model_dir: str | Path, max_context: int | None = None,
+                 fim_template: str | None = None) -> None:
         self._tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(model_dir))
         if not self._tokenizer.chat_template:
             raise InvalidRequest(f"{model_dir}: the tokenizer has no chat template")
@@ -87,9 +94,14 @@ class ChatTokenizer:
             self._literal_backend = type(self._backend).from_str(self._backend.to_str())
             self._literal_backend.encode_special_tokens = True
         self._specials = special_token_pattern(self._tokenizer)
+        self._special_ids = {token.content: token_id for token_id, token in
+                             self._tokenizer.added_tokens_decoder.items() if token.special}
         self._newline = self.encode_text("\n", literal=False)
         eos = self._tokenizer.eos_token_id
         self.eos_token_ids = frozenset() if eos is None else frozenset([int(eos)])
+        self._leading = self.leading_ids()
+        lookup = self._tokenizer.get_vocab().get
+        self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Render messages with the chat template (generation prompt added) into ids.
@@ -111,9 +123,87 @@ class ChatTokenizer:
         assert isinstance(rendered, str)
         return marker.split(rendered)
 
+    def leading_ids(self) -> list[int]:
+        """The BOS the tokenizer puts before a prompt when it adds special tokens ([] for most BPEs)."""
+        bos = self._tokenizer.bos_token_id
+        if self._backend is not None:
+            ids = list(self._backend.encode("", add_special_tokens=True).ids)
+        else:
+            ids = list(self._tokenizer.encode("", add_special_tokens=True))
+        return [bos] if bos is not None and ids[:1] == [bos] else []
+
+    def with_leading(self, ids: list[int]) -> list[int]:
+        """`ids` after the tokenizer's BOS, unless they already start with it (a prompt that wrote `<s>`)."""
+        return ids if ids[: len(self._leading)] == self._leading else self._leading + ids
+
+    def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
+        """A completions prompt: text (control tokens parsed), token ids, or with `suffix` the FIM layout.
+
+        Raises `InvalidRequest` naming `prompt` (empty, an id outside the vocabulary) or `suffix`
+        (no FIM tokens, a token-id prompt), and `ContextLengthExceeded` early for a huge text.
+        """
+        if isinstance(prompt, list):
+            if suffix is not None:
+                raise InvalidRequest("`suffix` needs a text `prompt`, not token ids", param="suffix")
+            return CompletionPrompt(self.checked_ids(prompt), self.decode(prompt))
+        if suffix is None:
+            return CompletionPrompt(self.encode_prompt(prompt), prompt)
+        layout = self.fim_layout()
+        return CompletionPrompt(self.encode_fim(layout, prompt, suffix), prompt, layout.end_token_ids)
+
     def encode_prompt(self, text: str) -> list[int]:
         """Ids of a raw prompt with its special-token strings parsed (`/v1/completions` sends FIM tokens)."""
-        return self.encode_text(text, literal=False)
+        if self.max_context is not None:
+            self.refuse_early([PromptPiece(text, literal=False)], self.max_context)
+        return self.nonempty(self.with_leading(self.encode_text(text, literal=False)))
+
+    def checked_ids(self, ids: list[int]) -> list[int]:
+        """A token-id prompt, refused unless every id is in the vocabulary."""
+        size = len(self._tokenizer)
+        outside = next((token for token in ids if not 0 <= token < size), None)
+        if outside is not None:
+            problem = f"token id {outside} in `prompt` is outside the vocabulary (0 to {size - 1})"
+            raise InvalidRequest(problem, param="prompt")
+        return self.nonempty(ids)
+
+    @staticmethod
+    def nonempty(ids: list[int]) -> list[int]:
+        """`ids`, refused when there are none: the model needs at least one prompt token."""
+        if not ids:
+            raise InvalidRequest("`prompt` must not be empty", param="prompt")
+        return ids
+
+    def fim_layout(self) -> FimLayout:
+        """The model's FIM layout; a 400 naming `suffix` when its tokenizer has no FIM tokens."""
+        if self.fim is None:
+            raise UnsupportedParameter(
+                "`suffix` (fill-in-the-middle) needs a model whose tokenizer has FIM tokens, and this "
+                "one has none; send `suffix: null`, or set `fim_template` in the settings", param="suffix")
+        return self.fim
+
+    def encode_fim(self, layout: FimLayout, prefix: str, suffix: str) -> list[int]:
+        """The FIM prompt: the layout's tokens and template text, the holes filled with literal text."""
+        if self.max_context is not None:
+            self.refuse_early([PromptPiece(prefix, literal=True), PromptPiece(suffix, literal=True)],
+                              self.max_context)
+        ids: list[int] = []
+        for k, part in enumerate(layout.parts):
+            ids += self.fim_part_ids(part, layout.parts[k - 1] if k else None, prefix, suffix)
+        return self.with_leading(ids)
+
+    def fim_part_ids(self, part: FimPart, before: FimPart | None, prefix: str, suffix: str) -> list[int]:
+        """Ids of one part; the prefix right after a marker token starts its text as a prompt would.
+
+        That is Meta's CodeLlama layout (`▁<PRE>` then the prefix with its word-start space); a
+        byte-level BPE encodes the same either way. Hole text never parses control tokens.
+        """
+        if isinstance(part, int):
+            return [part]
+        if part is Hole.PREFIX and isinstance(before, int):
+            return self.encode_text(prefix, literal=True)
+        text = prefix if part is Hole.PREFIX else suffix if part is Hole.SUFFIX else part
+        assert isinstance(text, str)
+        return self.encode_piece(PromptPiece(text, literal=isinstance(part, Hole)), before is not None)
 
     def encode_piece(self, piece: PromptPiece, after_text: bool) -> list[int]:
         """Ids of one piece; a piece after another is encoded after a newline that is then cut.
@@ -178,6 +268,14 @@ class ChatTokenizer:
         last = max((word for word in words if word is not None), default=0)
         first = 2 if after_text else 0
         return sum(1 for word in words if word is None or first <= word < last - 1)
+
+    def special_stop_ids(self, stops: tuple[str, ...]) -> tuple[int, ...]:
+        """Ids of the stop strings that are one special token: decoding skips those, so no text matches.
+
+        Continue stops a Qwen coder at `<|fim_pad|>`, `<|file_sep|>`, `<|endoftext|>`...; they must
+        end generation as tokens (`SamplingParams.stop_token_ids`).
+        """
+        return tuple(dict.fromkeys(self._special_ids[stop] for stop in stops if stop in self._special_ids))
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens skipped; the Rust decoder directly when available."""

@@ -121,3 +121,13 @@ class RowFailure:
 
 
 Sampled = int | RowFailure  # one row's outcome of a step
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionPrompt:
+    """A `/v1/completions` prompt as the engine encoded it (plain, token ids, or a FIM layout)."""
+
+    ids: list[int]
+    text: str  # the prompt as text: what `echo` prepends
+    # A FIM layout's end tokens (pad, file separator, ...): emitting one finishes the middle.
+    end_token_ids: tuple[int, ...] = ()

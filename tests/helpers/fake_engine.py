@@ -13,10 +13,11 @@ from types import TracebackType
 from typing import Any
 
 from llmd.engine.client import Engine, context_budget
-from llmd.engine.types import EngineStats, FinishReason, SamplingParams, TokenEvent
-from llmd.errors import LlmdError, Overloaded, ShuttingDown
+from llmd.engine.types import CompletionPrompt, EngineStats, FinishReason, SamplingParams, TokenEvent
+from llmd.errors import InvalidRequest, LlmdError, Overloaded, ShuttingDown, UnsupportedParameter
 
 DEFAULT_PIECES = ("Hello", ",", " world", "!")
+FIM_END_IDS = (90, 91)  # the fake's FIM pad and file-separator tokens
 
 
 @dataclass
@@ -73,6 +74,8 @@ class FakeEngine:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     counters: EngineStats = field(default_factory=lambda: EngineStats(3, 0, 0, 1, 0, 12, 0, 0))
     encoded: list[list[dict[str, Any]]] = field(default_factory=list)
+    fim: bool = True  # whether the fake model has FIM tokens (else `suffix` is refused)
+    completion_prompts: list[tuple[str | list[int], str | None]] = field(default_factory=list)
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
@@ -83,6 +86,18 @@ class FakeEngine:
         """`prompt_tokens` ids, whatever the messages (recorded in `encoded`)."""
         self.encoded.append(messages)
         return list(range(self.prompt_tokens))
+
+    async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
+        """Text: `prompt_tokens` ids; token ids as given (text `<id>` each); refused as the tokenizer does."""
+        self.completion_prompts.append((prompt, suffix))
+        if isinstance(prompt, list):
+            if suffix is not None:
+                raise InvalidRequest("`suffix` needs a text `prompt`, not token ids", param="suffix")
+            return CompletionPrompt(prompt, "".join(f"<{token}>" for token in prompt))
+        if suffix is not None and not self.fim:
+            raise UnsupportedParameter("`suffix` needs a model with FIM tokens", param="suffix")
+        ends = FIM_END_IDS if suffix is not None else ()
+        return CompletionPrompt(list(range(self.prompt_tokens)), prompt, ends)
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The native client's budget rule over `max_context`."""

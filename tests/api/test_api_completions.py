@@ -1,0 +1,205 @@
+"""`POST /v1/completions` around a fake engine: shapes streamed and not, prompt lists, echo, FIM, errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from litestar.testing import TestClient
+
+from llmd.engine.types import SamplingParams
+from llmd.errors import EngineFailure, Overloaded
+from tests.helpers.api_client import MODEL, openai_error, sdk, served, sse_chunks
+from tests.helpers.fake_engine import FIM_END_IDS, FakeEngine, FakeStream
+
+TEXT = "Hello, world!"
+
+
+def post(client: TestClient, **fields: object) -> httpx.Response:
+    return client.post("/v1/completions", json={"model": MODEL, "prompt": "def f(", **fields})
+
+
+def choice_texts(chunks: list[dict]) -> dict[int, str]:
+    """Each index's text, assembled from streamed chunks."""
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    return texts
+
+
+def test_a_completion_has_the_openai_shape() -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="def f(")
+    assert result.id.startswith("cmpl-") and result.object == "text_completion" and result.model == MODEL
+    [choice] = result.choices
+    assert (choice.index, choice.text, choice.finish_reason, choice.logprobs) == (0, TEXT, "stop", None)
+    assert result.usage is not None and (result.usage.prompt_tokens, result.usage.completion_tokens) == (7, 4)
+    assert engine.completion_prompts == [("def f(", None)]
+    assert engine.submitted[0][1].max_tokens == 16  # OpenAI's default for this API
+    assert engine.streams[0].closed
+
+
+def test_max_tokens_cuts_with_length() -> None:
+    with served() as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert result.choices[0].text == "Hello," and result.choices[0].finish_reason == "length"
+
+
+def test_a_stream_is_text_completion_chunks_then_usage_then_done() -> None:
+    with served() as client:
+        response = post(client, stream=True, stream_options={"include_usage": True})
+    chunks = sse_chunks(response)
+    *pieces, last = chunks
+    assert [c["choices"][0]["text"] for c in pieces] == ["Hello", ",", " world", "!"]
+    assert [c["choices"][0]["finish_reason"] for c in pieces] == [None, None, None, "stop"]
+    assert all(c["object"] == "text_completion" and c["choices"][0]["index"] == 0 for c in pieces)
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 7, "completion_tokens": 4,
+                                                       "total_tokens": 11}
+    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+    assert chunks[0]["id"].startswith("cmpl-")
+    assert set(pieces[0]["choices"][0]) == {"text", "index", "logprobs", "finish_reason"}
+
+
+def test_the_sdk_streams_it() -> None:
+    with served() as client:
+        chunks = list(sdk(client).completions.create(model=MODEL, prompt="x", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == TEXT
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_list_of_prompts_is_one_choice_each_in_prompt_order(stream: bool) -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        response = post(client, prompt=["a", "b", "c"], stream=stream, max_tokens=3)
+    if stream:
+        chunks = sse_chunks(response)
+        assert choice_texts(chunks) == {0: "Hello, world", 1: "Hello, world", 2: "Hello, world"}
+        finished = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"]]
+        assert sorted(finished) == [0, 1, 2]
+    else:
+        body = response.json()
+        assert [(c["index"], c["text"]) for c in body["choices"]] == [(i, "Hello, world") for i in range(3)]
+        assert body["usage"] == {"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}
+    assert [prompt for prompt, _ in engine.completion_prompts] == ["a", "b", "c"]
+    assert len(engine.submitted) == 3 and all(s.closed for s in engine.streams)
+
+
+@pytest.mark.parametrize("prompt", [[5, 6, 7], [[5, 6, 7]]])
+def test_a_token_id_prompt_reaches_the_engine_as_given(prompt: list) -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        result = post(client, prompt=prompt, echo=True).json()
+    assert engine.submitted[0][0] == [5, 6, 7]
+    assert result["choices"][0]["text"] == "<5><6><7>" + TEXT
+    assert result["usage"]["prompt_tokens"] == 3
+
+
+def test_echo_puts_the_prompt_first() -> None:
+    with served() as client:
+        plain = post(client, echo=True).json()
+        streamed = sse_chunks(post(client, echo=True, stream=True, prompt=["a", "b"]))
+    assert plain["choices"][0]["text"] == "def f(" + TEXT
+    assert [c["choices"][0]["text"] for c in streamed[:2]] == ["a", "b"]
+    assert choice_texts(streamed) == {0: "a" + TEXT, 1: "b" + TEXT}
+
+
+def test_a_suffix_asks_the_engine_for_its_fim_prompt() -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="def f(", suffix="\n    return x\n")
+    assert engine.completion_prompts == [("def f(", "\n    return x\n")]
+    assert result.choices[0].text == TEXT
+    assert FIM_END_IDS  # ready for SamplingParams.stop_token_ids once the engine honours it
+
+
+def test_a_null_suffix_is_plain_completion() -> None:
+    engine = FakeEngine(fim=False)
+    with served(engine) as client:
+        assert post(client, suffix=None).status_code == 200
+    assert engine.completion_prompts == [("def f(", None)]
+
+
+def test_a_model_without_fim_tokens_refuses_a_suffix() -> None:
+    with served(FakeEngine(fim=False)) as client:
+        error = openai_error(post(client, suffix="x"), 400, "unsupported_parameter")
+    assert error["param"] == "suffix" and "FIM" in error["message"]
+
+
+@pytest.mark.parametrize(("prompt", "param"), [("x", "prompt"), (["a", "b"], "prompt[0]")])
+def test_a_prompt_that_fills_the_context_is_the_chat_400(prompt: object, param: str) -> None:
+    with served(FakeEngine(max_context=7)) as client:  # the fake's prompts are 7 tokens
+        error = openai_error(post(client, prompt=prompt), 400, "context_length_exceeded")
+    assert error["param"] == param and "maximum context length is 7 tokens" in error["message"]
+    assert "in the prompt" in error["message"] and "messages" not in error["message"]
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_the_room_left() -> None:
+    engine = FakeEngine(max_context=10)
+    with served(engine) as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="x", max_tokens=4096)  # as Continue sends
+    assert engine.submitted[0][1].max_tokens == 3 and result.choices[0].finish_reason == "length"
+
+
+def test_a_suffix_with_token_ids_is_refused() -> None:
+    with served() as client:
+        refused = openai_error(post(client, prompt=[1, 2], suffix="x"), 400)
+    assert refused["param"] == "suffix"
+
+
+NOT_YET = [({"n": 2}, "n"), ({"best_of": 2}, "best_of"), ({"logprobs": 2}, "logprobs"),
+           ({"logit_bias": {"1": 5}}, "logit_bias")]
+
+
+@pytest.mark.parametrize(("fields", "param"), NOT_YET)
+def test_options_not_served_yet_are_400s_naming_them(fields: dict, param: str) -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        error = openai_error(post(client, **fields), 400, "unsupported_parameter")
+    assert error["param"] == param and not engine.submitted
+
+
+def test_an_unknown_model_is_404() -> None:
+    with served() as client:
+        error = openai_error(post(client, model="gpt-3.5-turbo-instruct"), 404, "model_not_found")
+    assert error["param"] == "model"
+
+
+@dataclass
+class RefusesSecond(FakeEngine):
+    """Admits one request, then is full."""
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> FakeStream:
+        if self.streams:
+            raise Overloaded("full", retry_after=3, code="queue_full")
+        return super().submit(prompt_ids, params)
+
+
+def test_a_refused_prompt_of_several_aborts_those_already_admitted() -> None:
+    engine = RefusesSecond()
+    with served(engine) as client:
+        openai_error(post(client, prompt=["a", "b"]), 503, "queue_full")
+    assert len(engine.streams) == 1 and engine.streams[0].closed and not engine.streams[0].finished
+
+
+def test_an_engine_failure_mid_stream_is_one_error_event_then_done() -> None:
+    engine = FakeEngine(failure=EngineFailure("the device fell over"), fail_after=2)
+    with served(engine) as client:
+        chunks = sse_chunks(post(client, stream=True))
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == ["Hello", ","]
+    assert chunks[-1]["error"]["code"] == "engine_error" and engine.streams[0].closed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failure_in_one_of_several_prompts_ends_them_all(stream: bool) -> None:
+    engine = FakeEngine(failure=EngineFailure("the device fell over"), fail_after=1)
+    with served(engine) as client:
+        response = post(client, prompt=["a", "b", "c"], stream=stream)
+    if stream:
+        assert sse_chunks(response)[-1]["error"]["code"] == "engine_error"
+    else:
+        openai_error(response, 500, "engine_error")
+    assert len(engine.streams) == 3 and all(s.closed for s in engine.streams)
