@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
-from llmd.engine.types import EngineStats, Request, SamplingParams, TokenEvent
+from llmd.engine.types import (
+    DEFAULT_TEMPLATE,
+    EngineStats,
+    Request,
+    SamplingParams,
+    TemplateOptions,
+    TokenEvent,
+)
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
 
@@ -60,8 +67,9 @@ class Engine(Protocol):
         """True from the first stop signal on: new requests are refused."""
         ...
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for chat messages (role and text content, as the chat template takes them)."""
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions) -> list[int]:
+        """Prompt ids for chat messages (role and text content, as the chat template takes them),
+        rendered as `template` says (generation prompt, continued last message, variables)."""
         ...
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -163,8 +171,9 @@ class EngineClient:
             await asyncio.wait_for(self._idle.wait(), grace)
         return len(cut)
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for chat messages, rendered off the event loop.
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
+                          ) -> list[int]:
+        """Prompt ids for chat messages, rendered off the event loop as `template` says.
 
         A chat of more than `LARGE_PROMPT_CHARS` characters waits for one of
         `LARGE_PROMPT_SLOTS` encodes (small ones never queue behind it); one that cannot fit
@@ -177,16 +186,17 @@ class EngineClient:
         async with self._large_prompt_slots if large else contextlib.nullcontext():
             self._worker.arriving(+1)
             try:
-                return await asyncio.to_thread(self._encode_and_release, messages, large)
+                return await asyncio.to_thread(self._encode_and_release, messages, template, large)
             finally:
                 # Uncounted only after the caller's synchronous `submit` (same task step, no
                 # await between) has posted the request, or after it has failed instead.
                 self._loop.call_soon(self._worker.arriving, -1)
 
-    def _encode_and_release(self, messages: list[dict[str, Any]], large: bool) -> list[int]:
+    def _encode_and_release(self, messages: list[dict[str, Any]], template: TemplateOptions,
+                            large: bool) -> list[int]:
         assert self._tokenizer is not None
         try:
-            return self._tokenizer.encode_chat(messages)
+            return self._tokenizer.encode_chat(messages, template)
         finally:
             if large:  # glibc keeps a big encode's freed arenas unless asked to return them
                 release_free_memory()
