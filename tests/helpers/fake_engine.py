@@ -13,7 +13,14 @@ from types import TracebackType
 from typing import Any
 
 from llmd.engine.client import Engine, context_budget
-from llmd.engine.types import EngineStats, FinishReason, SamplingParams, TokenEvent
+from llmd.engine.types import (
+    DEFAULT_TEMPLATE,
+    EngineStats,
+    FinishReason,
+    SamplingParams,
+    TemplateOptions,
+    TokenEvent,
+)
 from llmd.errors import LlmdError, Overloaded, ShuttingDown
 
 DEFAULT_PIECES = ("Hello", ",", " world", "!")
@@ -73,15 +80,18 @@ class FakeEngine:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     counters: EngineStats = field(default_factory=lambda: EngineStats(3, 0, 0, 1, 0, 12, 0, 0))
     encoded: list[list[dict[str, Any]]] = field(default_factory=list)
+    templates: list[TemplateOptions] = field(default_factory=list)
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready.set()
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """`prompt_tokens` ids, whatever the messages (recorded in `encoded`)."""
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
+                          ) -> list[int]:
+        """`prompt_tokens` ids, whatever the messages (recorded in `encoded`, the options in `templates`)."""
         self.encoded.append(messages)
+        self.templates.append(template)
         return list(range(self.prompt_tokens))
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
