@@ -127,16 +127,16 @@ def unsupported_values(body: ChatCompletionRequest) -> list[Refusal]:
 
 
 def request_value_problems(body: ChatCompletionRequest) -> list[tuple[str, str]]:
-    """(param, reason) for each request-level value llmd cannot honour."""
+    """(param, reason) for each request-level value llmd cannot honour, in the wire Struct's order."""
     checks = [
+        ("logit_bias", bool(body.logit_bias), "is not supported yet (only an empty object is accepted)"),
+        ("logprobs", bool(body.logprobs), "is not supported yet"),
         ("modalities", body.modalities is not None and any(m != "text" for m in body.modalities),
          'must be ["text"]: llmd answers in text only'),
         ("n", body.n is not None and body.n > 1, "above 1 is not supported yet: llmd returns one choice"),
-        ("logprobs", bool(body.logprobs), "is not supported yet"),
-        ("top_logprobs", bool(body.top_logprobs), "needs logprobs, which llmd does not return yet"),
-        ("logit_bias", bool(body.logit_bias), "is not supported yet (only an empty object is accepted)"),
         ("response_format", body.response_format is not None and body.response_format != {"type": "text"},
          'is not supported: only {"type": "text"} (plain text, the default) is accepted'),
+        ("top_logprobs", bool(body.top_logprobs), "needs logprobs, which llmd does not return yet"),
     ]
     return [(param, reason) for param, refused, reason in checks if refused]
 

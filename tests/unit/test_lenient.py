@@ -142,7 +142,7 @@ def test_several_refused_values_are_named_in_one_400() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}]
     error = refusal_of(body(modalities=["audio"], n=2, logprobs=True,
                             messages=[{"role": "user", "content": parts}]))
-    assert error.param == "modalities" and error.message.startswith("4 fields are refused")
+    assert error.param == "logprobs" and error.message.startswith("4 fields are refused")
     named = ("modalities", "n", "logprobs", "messages[0].content[1].type")
     assert all(f"`{param}`" in error.message for param in named)
 
