@@ -152,7 +152,7 @@ class EngineWorker:
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
-        self.runner.eos_token_ids = self.eos_token_ids  # what `min_tokens` masks: every id that ends
+        self.runner.eos_token_ids = self.eos_token_ids  # `min_tokens` masks every EOS id, the tokenizer's too
         self.load_seconds = self.runner.load_report.seconds
         self._log_load(self.runner)
         if self.profile.warmup:
