@@ -2,12 +2,14 @@
 
 No conversion logic lives here: the API layer turns these into engine parameters.
 Request Structs forbid unknown fields, so a field llmd does not implement is refused
-with a 400 naming it instead of being silently ignored.
+with a 400 naming it instead of being silently ignored. Some declared fields are accepted
+only with values that cannot change a local answer (`n: 1`, `modalities: ["text"]`, ...) or
+are ignored outright (`store`, `metadata`, ...): `llmd/api/lenient.py` is that allow-list.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -20,14 +22,25 @@ class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
 
     type: str
     text: str | None = None
+    cache_control: dict[str, Any] | None = None  # a prompt-caching hint (Anthropic style): ignored
 
 
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
-    """A message in `messages` of a chat completion request."""
+    """A message in `messages` of a chat completion request.
+
+    The fields after `name` are an assistant turn's, as the SDKs echo a reply back.
+    """
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
+    refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    annotations: list[Any] | None = None
+    reasoning_content: str | None = None  # vLLM's and DeepSeek's name
+    reasoning: str | None = None  # OpenRouter's and newer vLLM's name
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -37,25 +50,47 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of `POST /v1/chat/completions` (the implemented subset, plus `top_k`)."""
+    """Body of `POST /v1/chat/completions`: the implemented subset, the allow-listed fields,
+    and the sampling and template extensions local servers (vLLM, llama.cpp) share."""
 
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     model: str
     frequency_penalty: Penalty | None = None
-    logprobs: Literal[False] | None = None
+    logit_bias: dict[str, float] | None = None  # only empty
+    logprobs: bool | None = None  # only false
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    n: Annotated[int, Meta(ge=1, le=1)] | None = None
+    metadata: dict[str, str] | None = None
+    modalities: list[str] | None = None  # only "text"
+    n: Annotated[int, Meta(ge=1)] | None = None  # only 1
+    parallel_tool_calls: bool | None = None
     presence_penalty: Penalty | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None  # a template variable
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}
+    safety_identifier: str | None = None
     seed: Annotated[int, Meta(ge=0)] | None = None  # below 2**64: SamplingParams checks
+    service_tier: str | None = None
     stop: str | Annotated[list[str], Meta(max_length=16)] | None = None
+    store: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # only 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     user: str | None = None
-    # Extension shared with vLLM and llama.cpp; -1 and 0 both mean "off".
+    verbosity: str | None = None
+    # Extensions shared with vLLM and llama.cpp. top_k: -1 and 0 both mean "off".
     top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=64)] | None = None
+    ignore_eos: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None  # true, unless `continue_final_message`
+    continue_final_message: bool | None = None
 
 
 class Usage(msgspec.Struct):

@@ -16,9 +16,10 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
+from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.sse import sse_response
 from llmd.engine.client import TokenStream
-from llmd.engine.types import SamplingParams
+from llmd.engine.types import SamplingParams, TemplateOptions
 from llmd.errors import ClientDisconnected, InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
@@ -53,7 +54,7 @@ async def create_chat_completion(
     """Generate a chat completion, streamed as SSE when `stream` is true."""
     body = parse_body(await request.body())
     check_model(body.model, served.id)
-    prompt_ids = await engine.encode_chat(to_template_messages(body.messages))
+    prompt_ids = await engine.encode_chat(to_template_messages(body.messages), template_options(body))
     params = to_sampling_params(body, engine.check_context(len(prompt_ids), requested_max_tokens(body)))
     meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
     stream = engine.submit(prompt_ids, params)
@@ -65,15 +66,21 @@ async def create_chat_completion(
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
-    """Decode and validate the JSON body; every failure names the offending param."""
+    """Decode and validate the JSON body; every failure names the offending param.
+
+    Unsupported fields and values (`api/lenient.py`'s allow-list) are refused all in one 400.
+    """
     try:
         body = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
+        unknown = unknown_fields(raw)  # only now: a valid body is decoded once
+        raise (refuse(unknown) if unknown else validation_error(str(exc))) from None
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    if body.stream_options is not None and not body.stream:
-        raise InvalidRequest("`stream_options` is only allowed when `stream` is true", param="stream_options")
+    refusals = unsupported_values(body)
+    if refusals:
+        raise refuse(refusals)
+    log_ignored(body)
     return body
 
 
@@ -101,11 +108,18 @@ def check_model(requested: str, served: str) -> None:
 
 
 def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: role and plain-text content."""
-    return [
-        {"role": m.role, "content": message_text(m, i)} | ({"name": m.name} if m.name else {})
-        for i, m in enumerate(messages)
-    ]
+    """Messages as the chat template expects them: role, plain-text content, and a name or an
+    assistant turn's reasoning when given (a template that knows `reasoning_content` renders it)."""
+    return [template_message(m, i) for i, m in enumerate(messages)]
+
+
+def template_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """One message for the template; an assistant's refusal text stands in for empty content."""
+    content = message_text(message, index) or message.refusal or ""
+    reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    return ({"role": message.role, "content": content}
+            | ({"name": message.name} if message.name else {})
+            | ({"reasoning_content": reasoning} if reasoning is not None else {}))
 
 
 def message_text(message: ChatMessage, index: int) -> str:
@@ -120,6 +134,15 @@ def message_text(message: ChatMessage, index: int) -> str:
             param = f"messages[{index}].content[{j}].text"
             raise InvalidRequest(f"`{param}` must be a string", param=param)
     return "".join(part.text or "" for part in message.content)
+
+
+def template_options(body: ChatCompletionRequest) -> TemplateOptions:
+    """How to render the chat: `reasoning_effort` and `chat_template_kwargs` become template
+    variables (the kwargs win); the generation prompt is on unless the last message is continued."""
+    continued = bool(body.continue_final_message)
+    generation_prompt = not continued if body.add_generation_prompt is None else body.add_generation_prompt
+    variables = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort is not None else {}
+    return TemplateOptions(generation_prompt, continued, variables | (body.chat_template_kwargs or {}))
 
 
 def requested_max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -139,6 +162,11 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> Sampling
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         stop=stop,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=bool(body.ignore_eos),
+        min_tokens=body.min_tokens or 0,
     )
 
 

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
-from llmd.engine.types import CompletionPrompt, EngineStats, Request, SamplingParams, TokenEvent
+from llmd.engine.types import (
+    DEFAULT_TEMPLATE,
+    CompletionPrompt,
+    EngineStats,
+    Request,
+    SamplingParams,
+    TemplateOptions,
+    TokenEvent,
+)
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
 
@@ -61,8 +69,9 @@ class Engine(Protocol):
         """True from the first stop signal on: new requests are refused."""
         ...
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for chat messages (role and text content, as the chat template takes them)."""
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions) -> list[int]:
+        """Prompt ids for chat messages (role and text content, as the chat template takes them),
+        rendered as `template` says (generation prompt, continued last message, variables)."""
         ...
 
     async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
@@ -173,8 +182,9 @@ class EngineClient:
             await asyncio.wait_for(self._idle.wait(), grace)
         return len(cut)
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Prompt ids for chat messages, rendered off the event loop.
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
+                          ) -> list[int]:
+        """Prompt ids for chat messages, rendered off the event loop as `template` says.
 
         A chat of more than `LARGE_PROMPT_CHARS` characters waits for one of
         `LARGE_PROMPT_SLOTS` encodes (small ones never queue behind it); one that cannot fit
@@ -184,7 +194,7 @@ class EngineClient:
         """
         assert self._tokenizer is not None, "start() first"
         large = text_length(messages) > LARGE_PROMPT_CHARS
-        return await self._encode(self._tokenizer.encode_chat, messages, large=large)
+        return await self._encode(self._tokenizer.encode_chat, messages, template, large=large)
 
     async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
         """A completions prompt's ids (see `ChatTokenizer.encode_completion`), encoded as `encode_chat` is."""

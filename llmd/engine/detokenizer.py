@@ -57,11 +57,14 @@ class StopMatcher:
         self._stops = tuple(s for s in stops if s)
         self._pending = ""
 
-    def feed(self, delta: str) -> tuple[str, bool]:
-        """Return (text safe to emit, whether a stop string was reached)."""
+    def feed(self, delta: str, check: bool = True) -> tuple[str, bool]:
+        """Return (text safe to emit, whether a stop string was reached); unchecked, all of it."""
         if not self._stops:
             return delta, False
         text = self._pending + delta
+        if not check:  # before `min_tokens`: nothing may stop, so nothing is held back
+            self._pending = ""
+            return text, False
         cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:
             self._pending = ""
@@ -92,9 +95,10 @@ class OutputText:
         self._detokenizer = IncrementalDetokenizer(decoder, prompt_ids)
         self._stops = StopMatcher(stops)
 
-    def push(self, token_id: int) -> tuple[str, bool]:
-        """Text to emit for one new token, and whether a stop string ended the output."""
-        return self._stops.feed(self._detokenizer.push(token_id))
+    def push(self, token_id: int, check_stops: bool = True) -> tuple[str, bool]:
+        """Text to emit for one new token, and whether a stop string ended the output
+        (never when not `check_stops`: the request's first `min_tokens` tokens)."""
+        return self._stops.feed(self._detokenizer.push(token_id), check_stops)
 
     def finish(self) -> str:
         """Everything still held back, when generation ends by length or EOS."""

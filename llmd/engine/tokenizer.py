@@ -13,20 +13,28 @@ layout (`engine/fim.py`) is filled with the prefix and suffix as literal text.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from llmd.engine.fim import FimLayout, FimPart, Hole, detect_fim_layout, template_layout
-from llmd.engine.types import CompletionPrompt
+from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
 # Private-use characters around a placeholder's index; a user's own are placeholders too.
 _OPEN, _CLOSE = "\ue000", "\ue001"
 _PLACEHOLDER = re.compile(f"{_OPEN}(\\d+){_CLOSE}")
+# Template variables a request may not set: `apply_chat_template`'s own arguments (`tokenize`,
+# `chat_template`, `tools`, ...) and `messages`, which the template reads the chat from.
+_RENDER_PARAMETERS = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+RESERVED_TEMPLATE_NAMES = frozenset(
+    name for name, parameter in _RENDER_PARAMETERS.items() if parameter.kind is not parameter.VAR_KEYWORD
+) - {"self"} | {"messages"}
 # A prompt longer than this many characters per context token is first counted on growing
 # prefixes: no tokenizer needs more characters than that for a context's worth of tokens.
 EARLY_CHECK_CHARS_PER_TOKEN = 4
@@ -103,23 +111,37 @@ class ChatTokenizer:
         lookup = self._tokenizer.get_vocab().get
         self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render messages with the chat template (generation prompt added) into ids.
+    def encode_chat(self, messages: list[dict[str, Any]],
+                    template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
+        """Render messages with the chat template (by default with the generation prompt) into ids.
 
-        Special-token strings inside the messages become plain-text ids; raises
-        `ContextLengthExceeded` early when the chat cannot fit `max_context`.
+        Special-token strings inside the messages and the template variables become plain-text
+        ids; raises `ContextLengthExceeded` early when the chat cannot fit `max_context`, and
+        `InvalidRequest` for a reserved template variable or a final message the template drops.
         """
-        pieces = self.render_chat(messages)
+        pieces = self.render_chat(messages, template)
         if self.max_context is not None:
             self.refuse_early(pieces, self.max_context)
         return [token for k, piece in enumerate(pieces) for token in self.encode_piece(piece, k > 0)]
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[PromptPiece]:
+    def render_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
+                    ) -> list[PromptPiece]:
         """The chat template's text, cut into template pieces and literal user strings."""
+        check_template_variables(template)
         marker = LiteralMarker(self._specials)
-        rendered = self._tokenizer.apply_chat_template(
-            marker.mark(messages), add_generation_prompt=True, tokenize=False
-        )
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                marker.mark(messages), add_generation_prompt=template.add_generation_prompt,
+                continue_final_message=template.continue_final_message, tokenize=False,
+                **marker.mark(dict(template.variables)),
+            )
+        except TemplateError as exc:  # the template's own `raise_exception`, or a variable it cannot use
+            raise InvalidRequest(f"the chat template refused this chat: {exc}", param="messages") from None
+        except ValueError as exc:
+            if not template.continue_final_message:
+                raise
+            raise InvalidRequest(f"cannot continue the final message: {exc}",
+                                 param="continue_final_message") from None
         assert isinstance(rendered, str)
         return marker.split(rendered)
 
@@ -282,6 +304,14 @@ class ChatTokenizer:
         if self._backend is not None:
             return str(self._backend.decode(ids, skip_special_tokens=True))
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def check_template_variables(template: TemplateOptions) -> None:
+    """Refuse a template variable that would override the renderer's own arguments."""
+    for name in template.variables:
+        if name in RESERVED_TEMPLATE_NAMES:
+            raise InvalidRequest(f"`chat_template_kwargs.{name}` cannot be set by a request",
+                                 param=f"chat_template_kwargs.{name}")
 
 
 def special_token_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str]:

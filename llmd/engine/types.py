@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmd.errors import InvalidRequest
 
@@ -35,7 +37,15 @@ SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound
 class SamplingParams:
     """Per-request sampling; a temperature below `GREEDY_BELOW_TEMPERATURE` (0, say) means greedy.
 
-    Raises `InvalidRequest` naming `seed` for a seed outside the unsigned 64-bit range.
+    The local-server extensions (vLLM's semantics): `min_p` keeps tokens at least that fraction
+    of the likeliest one's probability (after temperature); `repetition_penalty` divides the
+    positive logits (multiplies the negative) of every token in the prompt or output so far;
+    `stop_token_ids` end the request like EOS (their text not sent); `ignore_eos` lets the
+    model's EOS ids pass as text; for the first `min_tokens` tokens EOS and `stop_token_ids`
+    are masked out of sampling and stop strings are not looked for.
+
+    Raises `InvalidRequest` naming `seed` for a seed outside the unsigned 64-bit range, and
+    naming `min_tokens` when it exceeds `max_tokens`.
     """
 
     max_tokens: int
@@ -46,11 +56,19 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
             raise InvalidRequest(f"`seed` must be an integer from 0 to 2**64 - 1, got {self.seed}",
                                  param="seed")
+        if self.min_tokens > self.max_tokens:
+            raise InvalidRequest(f"`min_tokens` ({self.min_tokens}) must not exceed the completion's "
+                                 f"max tokens ({self.max_tokens})", param="min_tokens")
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +79,33 @@ class SamplingParams:
     def penalized(self) -> bool:
         """True when presence or frequency penalties change the logits."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def repeat_penalized(self) -> bool:
+        """True when `repetition_penalty` changes the logits (it reads prompt and output tokens)."""
+        return self.repetition_penalty != 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateOptions:
+    """How a chat is rendered: the generation prompt, continuing the last message, template variables.
+
+    `variables` reach the chat template as extra names (`enable_thinking`, `reasoning_effort`, ...).
+    Raises `InvalidRequest` naming `continue_final_message` when both flags are set (as vLLM does):
+    one opens a new assistant turn, the other goes on inside the last message.
+    """
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    variables: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidRequest("`continue_final_message` needs `add_generation_prompt` set to false",
+                                 param="continue_final_message")
+
+
+DEFAULT_TEMPLATE = TemplateOptions()
 
 
 @dataclass(slots=True)

@@ -154,6 +154,7 @@ class EngineWorker:
         self.runner = ModelRunner(self.model_dir, self.profile)
         self.tokenizer = ChatTokenizer(self.model_dir)
         self.eos_token_ids = self.runner.eos_token_ids | self.tokenizer.eos_token_ids
+        self.runner.eos_token_ids = self.eos_token_ids  # `min_tokens` masks every EOS id, the tokenizer's too
         self.load_seconds = self.runner.load_report.seconds
         self._log_load(self.runner)
         if self.profile.warmup:
@@ -284,7 +285,7 @@ class EngineWorker:
         request.output_ids.append(token)
         self.generated_tokens += 1
         step = next_text(self._outputs[request.request_id], token, len(request.output_ids),
-                         request.params.max_tokens, self.eos_token_ids)
+                         request.params, self.eos_token_ids)
         text, reason = step.text, step.finish_reason
         if reason is not None:
             self.scheduler.finish(request, reason)

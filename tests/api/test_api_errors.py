@@ -18,11 +18,12 @@ JSON = {"content-type": "application/json"}
     ("fields", "param"),
     [
         ({"max_tokens": 0}, "max_tokens"),
-        ({"n": 2}, "n"),
         ({"presence_penalty": 2.5}, "presence_penalty"),
         ({"temperature": "hot"}, "temperature"),
-        ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
     ],
 )
 def test_bad_fields_are_400_naming_the_param(fields: dict, param: str) -> None:
@@ -31,10 +32,13 @@ def test_bad_fields_are_400_naming_the_param(fields: dict, param: str) -> None:
     assert error["param"] == param and error["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("field", ["logit_bias", "tools", "response_format"])
-def test_unimplemented_fields_are_400_unsupported_parameter(field: str) -> None:
+@pytest.mark.parametrize(("field", "value"), [
+    ("logit_bias", {"7": 1}), ("tools", []), ("response_format", {"type": "json_object"}), ("n", 2),
+    ("logprobs", True), ("modalities", ["text", "audio"]), ("audio", {"voice": "alloy"}),
+])
+def test_unimplemented_fields_are_400_unsupported_parameter(field: str, value: object) -> None:
     with served() as client:
-        error = openai_error(post_chat(client, **{field: {}}), 400, "unsupported_parameter")
+        error = openai_error(post_chat(client, **{field: value}), 400, "unsupported_parameter")
     assert error["param"] == field and field in error["message"] and error["type"] == "invalid_request_error"
 
 

@@ -42,6 +42,11 @@ OUT_OF_RANGE = {
     "logprobs": st.just(True),
     "tools": st.just([]),
     "model": st.sampled_from(["gpt-4o", "", 3]),
+    "min_p": st.sampled_from([-0.1, 1.5, "x"]),
+    "repetition_penalty": st.sampled_from([0.0, -1.0, 11.0]),
+    "stop_token_ids": st.sampled_from([[-1], [1.5], "7"]),
+    "chat_template_kwargs": st.sampled_from([{"tokenize": True}, {"messages": []}, [1]]),
+    "modalities": st.sampled_from([["audio"], ["text", "audio"], "text"]),
 }
 
 
@@ -67,6 +72,13 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
             "stream": st.booleans(),
             "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
             "n": st.just(1), "user": st.text(max_size=8), "max_completion_tokens": st.integers(1, 4),
+            "min_p": st.floats(0.0, 1.0), "repetition_penalty": st.floats(1e-3, 10.0),
+            "min_tokens": st.integers(0, 4), "ignore_eos": st.booleans(),
+            "stop_token_ids": st.lists(st.integers(0, 1 << 20), max_size=3),
+            "chat_template_kwargs": st.dictionaries(st.sampled_from(["enable_thinking", "x"]),
+                                                    TEXT | st.booleans()),
+            "store": st.booleans(), "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4)),
+            "modalities": st.just(["text"]), "parallel_tool_calls": st.booleans(),
         },
     )
 

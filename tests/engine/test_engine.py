@@ -176,10 +176,10 @@ def test_requests_that_arrive_together_start_in_one_step(tiny_model: Path) -> No
         assert engine._tokenizer is not None
         render = engine._tokenizer.encode_chat
 
-        def slow_but_the_first(messages: list[dict[str, Any]]) -> list[int]:
+        def slow_but_the_first(messages: list[dict[str, Any]], *template: Any) -> list[int]:
             if "question 0" not in messages[0]["content"]:
                 time.sleep(0.05)  # the first reaches the worker well before the rest
-            return render(messages)
+            return render(messages, *template)
 
         engine._tokenizer.encode_chat = slow_but_the_first  # type: ignore[method-assign]
         worker.burst.bound_s = 30.0  # generous: a loaded CI machine must not flake

@@ -13,7 +13,15 @@ from types import TracebackType
 from typing import Any
 
 from llmd.engine.client import Engine, context_budget
-from llmd.engine.types import CompletionPrompt, EngineStats, FinishReason, SamplingParams, TokenEvent
+from llmd.engine.types import (
+    DEFAULT_TEMPLATE,
+    CompletionPrompt,
+    EngineStats,
+    FinishReason,
+    SamplingParams,
+    TemplateOptions,
+    TokenEvent,
+)
 from llmd.errors import InvalidRequest, LlmdError, Overloaded, ShuttingDown, UnsupportedParameter
 
 DEFAULT_PIECES = ("Hello", ",", " world", "!")
@@ -76,15 +84,18 @@ class FakeEngine:
     encoded: list[list[dict[str, Any]]] = field(default_factory=list)
     fim: bool = True  # whether the fake model has FIM tokens (else `suffix` is refused)
     completion_prompts: list[tuple[str | list[int], str | None]] = field(default_factory=list)
+    templates: list[TemplateOptions] = field(default_factory=list)
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ready.set()
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """`prompt_tokens` ids, whatever the messages (recorded in `encoded`)."""
+    async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
+                          ) -> list[int]:
+        """`prompt_tokens` ids, whatever the messages (recorded in `encoded`, the options in `templates`)."""
         self.encoded.append(messages)
+        self.templates.append(template)
         return list(range(self.prompt_tokens))
 
     async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:

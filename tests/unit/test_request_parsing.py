@@ -31,7 +31,13 @@ def body(**fields: object) -> bytes:
         ({"max_tokens": "ten"}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids[0]"),
+        ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
     ],
 )
 def test_out_of_range_or_wrong_type_names_the_param(fields: dict, param: str) -> None:
@@ -40,10 +46,12 @@ def test_out_of_range_or_wrong_type_names_the_param(fields: dict, param: str) ->
     assert err.value.param == param and err.value.status == 400
 
 
-@pytest.mark.parametrize("field", ["tools", "logit_bias", "response_format", "top_logprobs"])
-def test_unimplemented_openai_fields_are_refused_by_name(field: str) -> None:
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", []), ("logit_bias", {"42": 5}), ("response_format", {}), ("top_logprobs", 2), ("n", 2),
+])
+def test_unimplemented_openai_fields_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(UnsupportedParameter) as err:
-        parse_body(body(**{field: {}}))
+        parse_body(body(**{field: value}))
     assert err.value.param == field and field in err.value.message
 
 
@@ -59,9 +67,8 @@ def test_malformed_json() -> None:
 
 
 def test_image_content_parts_are_refused() -> None:
-    parsed = parse_body(body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]))
     with pytest.raises(UnsupportedParameter) as err:
-        to_template_messages(parsed.messages)
+        parse_body(body(messages=[{"role": "user", "content": [{"type": "image_url"}]}]))
     assert err.value.param == "messages[0].content[0].type"
 
 
@@ -76,6 +83,16 @@ def test_sampling_params_with_openai_defaults() -> None:
     params = to_sampling_params(parsed, requested_max_tokens(parsed) or 0)
     assert params.temperature == 1.0 and params.top_p == 1.0 and params.top_k == 0
     assert params.stop == ("END",) and params.seed == 7 and params.max_tokens == 5
+    assert params.min_p == 0.0 and params.repetition_penalty == 1.0 and params.min_tokens == 0
+    assert params.stop_token_ids == () and not params.ignore_eos
+
+
+def test_sampling_extensions_reach_the_params() -> None:
+    parsed = parse_body(body(min_p=0.1, repetition_penalty=1.3, stop_token_ids=[5, 9], ignore_eos=True,
+                             min_tokens=2, max_tokens=5))
+    params = to_sampling_params(parsed, 5)
+    assert (params.min_p, params.repetition_penalty, params.stop_token_ids) == (0.1, 1.3, (5, 9))
+    assert params.ignore_eos and params.min_tokens == 2
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:

@@ -120,7 +120,8 @@ class ModelRunner:
 
         A request whose first token fails does neither: its cache may hold what broke its logits.
         """
-        state = SequenceState.start(request.params, len(request.prompt_ids), self.vocab_size, self.device)
+        state = SequenceState.start(request.params, request.prompt_ids, self.vocab_size, self.device,
+                                    self.eos_token_ids)
         token = accept(state, request.params, logits, usable_rows(logits.unsqueeze(0))[0], self.sampler)
         if isinstance(token, int):
             self.prefix_cache.store(request.prompt_ids, cache)

@@ -3,6 +3,11 @@
 Each decoding request keeps a `SequenceState` (its seeded generator, the counts its penalties
 read, its last token and position) between steps; `accept` samples a row and advances it. A
 row that cannot be sampled becomes a `RowFailure`: that request ends, the step's others go on.
+
+The order, as vLLM's: `min_tokens` masks the ids that would end the request, then
+`repetition_penalty`, presence and frequency penalties, then greedy argmax or temperature,
+`min_p`, `top_k`, `top_p`. An option left at its default costs no tensor work: its state is
+None and its step is skipped.
 """
 
 from __future__ import annotations
@@ -35,21 +40,32 @@ class Sampler(Protocol):
 
 @dataclass(slots=True)
 class SequenceState:
-    """The per-request sampling state the runner keeps between steps."""
+    """The per-request sampling state the runner keeps between steps.
+
+    `seen` marks every id in the prompt or output (for `repetition_penalty`); `held_back` holds
+    the ids masked while fewer than `min_tokens` are generated (EOS and `stop_token_ids`).
+    """
 
     generator: torch.Generator | None
     token_counts: torch.Tensor | None
     last_token: int
     position: int
+    seen: torch.Tensor | None = None
+    held_back: torch.Tensor | None = None
+    generated: int = 0
 
     @classmethod
-    def start(
-        cls, params: SamplingParams, position: int, vocab_size: int, device: torch.device
-    ) -> SequenceState:
-        """A request's state before its first token: seeded if it samples, counting if penalized."""
+    def start(cls, params: SamplingParams, prompt_ids: list[int], vocab_size: int, device: torch.device,
+              end_ids: frozenset[int] = frozenset()) -> SequenceState:
+        """A request's state before its first token: seeded if it samples, counting if penalized.
+
+        `end_ids`: the model's EOS ids, masked with `stop_token_ids` until `min_tokens`.
+        """
         return cls(generator=new_generator(params, device),
                    token_counts=new_token_counts(params, vocab_size, device),
-                   last_token=-1, position=position)
+                   last_token=-1, position=len(prompt_ids),
+                   seen=new_seen(params, prompt_ids, vocab_size, device),
+                   held_back=new_held_back(params, end_ids, vocab_size, device))
 
 
 def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -67,6 +83,26 @@ def new_token_counts(params: SamplingParams, vocab_size: int, device: torch.devi
     return torch.zeros(vocab_size, dtype=torch.float32, device=device)
 
 
+def new_seen(params: SamplingParams, prompt_ids: list[int], vocab_size: int,
+             device: torch.device) -> torch.Tensor | None:
+    """Which ids the prompt holds, for `repetition_penalty`; None when it is 1 (off)."""
+    if not params.repeat_penalized:
+        return None
+    seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    ids = [token for token in prompt_ids if 0 <= token < vocab_size]
+    seen[torch.tensor(ids, dtype=torch.long, device=device)] = True
+    return seen
+
+
+def new_held_back(params: SamplingParams, end_ids: frozenset[int], vocab_size: int,
+                  device: torch.device) -> torch.Tensor | None:
+    """The ids `min_tokens` masks (EOS and stop ids inside the vocabulary); None without it."""
+    ids = sorted(i for i in end_ids | set(params.stop_token_ids) if 0 <= i < vocab_size)
+    if params.min_tokens == 0 or not ids:
+        return None
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
 def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, usable: bool,
            sampler: Sampler | None) -> Sampled:
     """Sample one row and advance its state; a row that cannot be sampled fails alone.
@@ -76,14 +112,34 @@ def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, u
     if not usable:
         return RowFailure("the model's logits for this request are not finite")
     try:
-        token = (sampler or sample)(logits, params, state.generator, state.token_counts)
+        token = (sampler or sample)(steer(state, params, logits), params, state.generator, state.token_counts)
     except Exception as exc:  # one request's sampling must not end the step's other rows
         log.exception("sampling one request failed")
         return RowFailure(f"{type(exc).__name__} while sampling: {exc}")
     if state.token_counts is not None:
         state.token_counts[token] += 1
+    if state.seen is not None:
+        state.seen[token] = True
     state.last_token = token
+    state.generated += 1
     return token
+
+
+def steer(state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> torch.Tensor:
+    """The row with what depends on the sequence so far: `min_tokens`' mask, `repetition_penalty`.
+
+    Returned as given (no tensor work) for a request that uses neither.
+    """
+    holding = state.held_back is not None and state.generated < params.min_tokens
+    if not holding and state.seen is None:
+        return logits
+    logits = logits.float().clamp(-LOGIT_BOUND, LOGIT_BOUND)
+    if holding:
+        assert state.held_back is not None
+        logits = logits.index_fill(0, state.held_back, float("-inf"))
+    if state.seen is not None:
+        logits = apply_repetition_penalty(logits, state.seen, params.repetition_penalty)
+    return logits
 
 
 def sample(
@@ -99,6 +155,8 @@ def sample(
     if params.greedy:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        logits = keep_min_p(logits, params.min_p)
     if params.top_k > 0:
         logits = keep_top_k(logits, params.top_k)
     if params.top_p < 1.0:
@@ -136,6 +194,19 @@ def token_or_raise(token: Sampled) -> int:
 def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """OpenAI's presence and frequency penalties over the tokens generated so far."""
     return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF's and vLLM's repetition penalty over the ids in `seen`: positive logits divided by it,
+    the others multiplied; clamped, so a large penalty cannot push a logit to -inf or NaN."""
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits).clamp(-LOGIT_BOUND, LOGIT_BOUND)
+
+
+def keep_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Mask every token whose probability is below `min_p` times the likeliest token's."""
+    probs = torch.softmax(logits, dim=-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
 def keep_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
