@@ -57,7 +57,8 @@ async def create_completion(
     check_model(body.model, served.id)
     prompts = await encode_prompts(engine, prompt_list(body.prompt), body.suffix)
     budgets = [budget(engine, prompt, body.max_tokens, i, len(prompts)) for i, prompt in enumerate(prompts)]
-    params = [to_text_sampling_params(body, max_tokens) for max_tokens in budgets]
+    params = [to_text_sampling_params(body, max_tokens, prompt.end_token_ids)
+              for prompt, max_tokens in zip(prompts, budgets, strict=True)]
     meta = TextMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
     streams = submit_all(engine, prompts, params)
     if body.stream:
@@ -145,8 +146,13 @@ def naming_the_prompt(index: int, count: int) -> Iterator[None]:
         raise type(exc)(message, param=param, code=exc.code) from None
 
 
-def to_text_sampling_params(body: CompletionRequest, max_tokens: int) -> SamplingParams:
-    """Engine sampling parameters from the request, with OpenAI's defaults."""
+def to_text_sampling_params(body: CompletionRequest, max_tokens: int,
+                            end_token_ids: tuple[int, ...] = ()) -> SamplingParams:
+    """Engine sampling parameters from the request, with OpenAI's defaults.
+
+    `end_token_ids` (a FIM layout's pad and file-separator tokens) end generation as EOS does:
+    a fill-in-the-middle answer is over when the model pads or starts another file.
+    """
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         max_tokens=max_tokens,
@@ -157,6 +163,7 @@ def to_text_sampling_params(body: CompletionRequest, max_tokens: int) -> Samplin
         presence_penalty=body.presence_penalty or 0.0,
         frequency_penalty=body.frequency_penalty or 0.0,
         stop=stop,
+        stop_token_ids=end_token_ids,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import time
@@ -237,8 +238,22 @@ class EngineClient:
         stream = GenerationStream(self, request_id, len(prompt_ids), params.max_tokens)
         self._streams[request_id] = stream
         self._idle.clear()
-        self._worker.submit(Request(request_id, prompt_ids, params))
+        self._worker.submit(Request(request_id, prompt_ids, self._with_special_stops(params)))
         return stream
+
+    def _with_special_stops(self, params: SamplingParams) -> SamplingParams:
+        """Stop strings that are one special token also stop as that token.
+
+        Decoding skips special tokens, so their text never appears for a stop string to match
+        (Continue stops a coder model at `<|fim_pad|>`, `<|file_sep|>`, `<|endoftext|>`).
+        """
+        if not params.stop or self._tokenizer is None:
+            return params
+        ids = self._tokenizer.special_stop_ids(params.stop)
+        if not ids:
+            return params
+        stop_ids = tuple(dict.fromkeys((*params.stop_token_ids, *ids)))
+        return dataclasses.replace(params, stop_token_ids=stop_ids)
 
     def _close(self, stream: GenerationStream) -> None:
         del self._streams[stream.request_id]

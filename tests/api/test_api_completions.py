@@ -113,7 +113,8 @@ def test_a_suffix_asks_the_engine_for_its_fim_prompt() -> None:
         result = sdk(client).completions.create(model=MODEL, prompt="def f(", suffix="\n    return x\n")
     assert engine.completion_prompts == [("def f(", "\n    return x\n")]
     assert result.choices[0].text == TEXT
-    assert FIM_END_IDS  # ready for SamplingParams.stop_token_ids once the engine honours it
+    (_, params), = engine.submitted
+    assert params.stop_token_ids == FIM_END_IDS  # the layout's pad and file separator end the answer
 
 
 def test_a_null_suffix_is_plain_completion() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +22,7 @@ from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
-from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, text_of
+from tests.helpers.engine import PROMPT, greedy, record_logits, run_with_engine, staggered_batch, text_of
 
 T = TypeVar("T")
 StepOutcomes = tuple[list[Sampled], list[Sampled | None]]  # what `ModelRunner.step` returns
@@ -84,27 +83,6 @@ def test_in_process_decoder_runner_and_generate_agree(tiny_model: Path) -> None:
     theirs = decoder.decode(prompt, 20, "generate")
     assert ours.token_ids == theirs.token_ids and len(ours.token_times) == 20 == len(theirs.token_times)
     assert ours.start <= ours.token_times[0] <= ours.token_times[-1]
-
-
-def run_with_engine(
-    tiny_model: Path, body: Callable[[EngineClient, EngineWorker], Awaitable[T]], **profile: object
-) -> T:
-    """Start an engine (a worker and its client) on the tiny model, run `body`, shut the engine down."""
-    import msgspec
-
-    config = msgspec.structs.replace(load_profile("cpu"), **profile)
-
-    async def main() -> T:
-        worker = EngineWorker(tiny_model, config)
-        engine = EngineClient(worker, max_context=512)
-        await engine.start()
-        await asyncio.wait_for(engine.ready.wait(), 60)
-        try:
-            return await body(engine, worker)
-        finally:
-            await engine.shutdown()
-
-    return asyncio.run(main())
 
 
 def test_engine_stream_matches_full_decode(tiny_model: Path) -> None:

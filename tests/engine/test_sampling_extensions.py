@@ -10,15 +10,16 @@ from transformers import AutoModelForCausalLM
 
 from llmd.bench.decoder import InProcessDecoder
 from llmd.config import load_profile
+from llmd.demo.tokenizer import SPECIAL_TOKENS, START_HEADER_TOKEN
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sampling import Sampler, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker
-from tests.engine.test_engine import run_with_engine
-from tests.helpers.engine import PROMPT, greedy, text_of
+from tests.helpers.engine import PROMPT, greedy, run_with_engine, text_of
 
+START_HEADER_TOKEN_ID = SPECIAL_TOKENS.index(START_HEADER_TOKEN)  # special: decoding skips its text
 PENALTY = 10.0  # the demo model's walk is confident: a mild penalty changes nothing in 48 tokens
 
 
@@ -73,5 +74,28 @@ def test_ignore_eos_and_min_tokens_let_eos_pass(tiny_model: Path) -> None:
                 events = [event async for event in stream]
             assert events[-1].finish_reason is not None and events[-1].finish_reason.value == "length"
             assert stream.completion_tokens == 5
+
+    run_with_engine(tiny_model, body)
+
+
+def always(token: int) -> Sampler:
+    """A sampler that answers `token` every time."""
+    def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+             token_counts: torch.Tensor | None) -> int:
+        sample(logits, params, generator, token_counts)
+        return token
+    return pick
+
+
+def test_a_stop_string_that_is_one_special_token_stops_as_that_token(tiny_model: Path) -> None:
+    """Decoding skips special tokens, so only their id can match (Continue's `<|fim_pad|>` stops)."""
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
+        assert worker.runner is not None
+        worker.runner.sampler = always(START_HEADER_TOKEN_ID)
+        assert await text_of(engine, greedy(5)) == ("", "length")
+        assert await text_of(engine, greedy(5, stop=("\n", START_HEADER_TOKEN))) == ("", "stop")
+        with engine.submit(await engine.encode_chat(PROMPT), greedy(5, stop=(START_HEADER_TOKEN,))) as stream:
+            assert [event.finish_reason async for event in stream][-1] is not None
+        assert stream.completion_tokens == 1
 
     run_with_engine(tiny_model, body)

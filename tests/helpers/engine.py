@@ -1,11 +1,16 @@
 """Helpers for tests that drive the model runner or the engine on the tiny model.
 
-A chat prompt, greedy sampling parameters, a recorder of the logits each request samples
-from, a driver that joins and releases requests step by step, the text of one stream, a static-cache
-profile and the count of graphs torch.compile made.
+A chat prompt, greedy sampling parameters, an engine run around a test body, a recorder of
+the logits each request samples from, a driver that joins and releases requests step by step,
+the text of one stream, a static-cache profile and the count of graphs torch.compile made.
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -16,6 +21,9 @@ from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.types import Request, SamplingParams
+from llmd.engine.worker import EngineWorker
+
+T = TypeVar("T")
 
 PROMPT = [{"role": "user", "content": "Hello there, 안녕?"}]
 
@@ -75,3 +83,24 @@ def static_profile(**changes: object) -> Profile:
 def unique_graphs() -> int:
     """How many graphs torch.compile has made in this process."""
     return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def run_with_engine(
+    tiny_model: Path, body: Callable[[EngineClient, EngineWorker], Awaitable[T]], **profile: object
+) -> T:
+    """Start an engine (a worker and its client) on the tiny model, run `body`, shut the engine down."""
+    import msgspec
+
+    config = msgspec.structs.replace(load_profile("cpu"), **profile)
+
+    async def main() -> T:
+        worker = EngineWorker(tiny_model, config)
+        engine = EngineClient(worker, max_context=512)
+        await engine.start()
+        await asyncio.wait_for(engine.ready.wait(), 60)
+        try:
+            return await body(engine, worker)
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
