@@ -22,8 +22,17 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from llmd.engine.fim import FimLayout, FimPart, Hole, detect_fim_layout, template_layout
-from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, TemplateOptions
+from llmd.engine.fim import (
+    ExtraPart,
+    FimLayout,
+    FimPart,
+    Hole,
+    detect_fim_layout,
+    detect_repo_tokens,
+    extra_context_parts,
+    template_layout,
+)
+from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
 # Private-use characters around a placeholder's index; a user's own are placeholders too.
@@ -110,6 +119,7 @@ class ChatTokenizer:
         self._leading = self.leading_ids()
         lookup = self._tokenizer.get_vocab().get
         self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
+        self.repo = detect_repo_tokens(lookup)
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
@@ -195,23 +205,56 @@ class ChatTokenizer:
             raise InvalidRequest("`prompt` must not be empty", param="prompt")
         return ids
 
-    def fim_layout(self) -> FimLayout:
-        """The model's FIM layout; a 400 naming `suffix` when its tokenizer has no FIM tokens."""
+    def fim_layout(self, param: str = "suffix") -> FimLayout:
+        """The model's FIM layout; a 400 naming `param` when its tokenizer has no FIM tokens."""
         if self.fim is None:
+            hint = "send `suffix: null`, or " if param == "suffix" else ""
             raise UnsupportedParameter(
-                "`suffix` (fill-in-the-middle) needs a model whose tokenizer has FIM tokens, and this "
-                "one has none; send `suffix: null`, or set `fim_template` in the settings", param="suffix")
+                f"`{param}` (fill-in-the-middle) needs a model whose tokenizer has FIM tokens, and this "
+                f"one has none; {hint}set `fim_template` in the settings", param=param)
         return self.fim
 
     def encode_fim(self, layout: FimLayout, prefix: str, suffix: str) -> list[int]:
         """The FIM prompt: the layout's tokens and template text, the holes filled with literal text."""
+        return self.with_leading(self.fim_ids(layout, prefix, suffix))
+
+    def fim_ids(self, layout: FimLayout, prefix: str, suffix: str) -> list[int]:
+        """The FIM prompt's ids without the tokenizer's BOS."""
         if self.max_context is not None:
             self.refuse_early([PromptPiece(prefix, literal=True), PromptPiece(suffix, literal=True)],
                               self.max_context)
         ids: list[int] = []
         for k, part in enumerate(layout.parts):
             ids += self.fim_part_ids(part, layout.parts[k - 1] if k else None, prefix, suffix)
-        return self.with_leading(ids)
+        return ids
+
+    def encode_infill(self, infill: InfillInput) -> CompletionPrompt:
+        """llama.cpp's `/infill` prompt: BOS, the extra files (repo-level where the vocabulary has a
+        file separator, `engine/fim.py`), then the FIM prompt.
+
+        Extra context that would leave fewer than `reserve_tokens` of the context free is cut from
+        its start (the oldest chunks go first, as llama.cpp keeps the tail); `truncated` says so.
+        Raises `UnsupportedParameter` naming `input_suffix` when the model has no FIM tokens.
+        """
+        layout = self.fim_layout("input_suffix")
+        fim = self.fim_ids(layout, infill.prefix, infill.suffix)
+        extra = self.extra_ids(extra_context_parts([(f.filename, f.text) for f in infill.extra], self.repo))
+        room = len(extra)
+        if self.max_context is not None:
+            room = max(0, self.max_context - len(self._leading) - len(fim) - infill.reserve_tokens)
+        kept = extra[len(extra) - room:] if room < len(extra) else extra
+        return CompletionPrompt(self.with_leading(kept + fim), infill.prefix, layout.end_token_ids,
+                                truncated=len(kept) < len(extra))
+
+    def extra_ids(self, parts: list[ExtraPart]) -> list[int]:
+        """Ids of the extra-context parts: token ids as they are, text literal (never control tokens)."""
+        ids: list[int] = []
+        for part in parts:
+            if isinstance(part, int):
+                ids.append(part)
+            else:
+                ids += self.encode_piece(PromptPiece(part, literal=True), after_text=True)
+        return ids
 
     def fim_part_ids(self, part: FimPart, before: FimPart | None, prefix: str, suffix: str) -> list[int]:
         """Ids of one part; the prefix right after a marker token starts its text as a prompt would.
