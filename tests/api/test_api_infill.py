@@ -31,8 +31,9 @@ LLAMA_VIM = {
 LLAMA_VIM_RING = {"input_prefix": "", "input_suffix": "", "input_extra": CHUNKS, "prompt": "", "n_predict": 0,
                   "temperature": 0.0, "stream": False, "samplers": [], "cache_prompt": True,
                   "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
-# llama.vscode's FIM request (src/llama-server.ts, createRequestPayload).
-LLAMA_VSCODE = {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "input_extra": CHUNKS,
+# llama.vscode's FIM request (src/llama-server.ts, createRequestPayload; chunks from extra-context.ts).
+VSCODE_CHUNKS = [{"text": "class Point:\n", "time": 1733000000250, "filename": "/src/point.py"}]
+LLAMA_VSCODE = {"input_prefix": "def add(a, b):\n", "input_suffix": "\n", "input_extra": VSCODE_CHUNKS,
                 "prompt": "    ", "n_predict": 128, "top_k": 40, "top_p": 0.99, "stream": False,
                 "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
                 "t_max_prompt_ms": 500, "t_max_predict_ms": 2500}
