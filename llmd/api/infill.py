@@ -3,15 +3,18 @@
 Not OpenAI: the names, defaults and shapes are llama.cpp's (tools/server). The prompt is the
 model's FIM layout around `input_prefix` + `prompt` and `input_suffix`, after the
 `input_extra` chunks (repo-level, `<file_sep>name`, where the vocabulary has a file
-separator; `engine/fim.py`). Honoured: `n_predict` (-1 until the context is full; 0 only
-evaluates the prompt, warming the prefix cache as llama.vim's background requests mean to),
-`stop`, `temperature`, `top_k`, `top_p`, `min_p`, `seed`, `repeat_penalty`, the presence and
-frequency penalties, `samplers` (which of those apply), `n_indent` and `t_max_predict_ms`
-(`api/infill_limits.py`), `stream`, `response_fields`. Accepted and ignored because they
-cannot change the answer: `cache_prompt`, `id_slot` (llmd's prefix cache is automatic and
-it has no slots), `t_max_prompt_ms` (llama.cpp ignores it too), a chunk's `time`. The
-`infill` sampler is accepted in `samplers` and not applied (llmd has no such sampler). Any
-other field is refused, all of them named in one 400. The stream is llama.cpp's: one
+separator; `engine/fim.py`); what does not fit is cut as llama.cpp cuts it (oldest extra
+context first, then the far ends of prefix and suffix) and `truncated` says so.
+
+Honoured: `n_predict` (-1 until the context is full; 0 only evaluates the prompt, warming the
+prefix cache as llama.vim's background requests mean to), `stop`, `temperature`, `top_k`,
+`top_p`, `min_p`, `seed`, `repeat_penalty`, the presence and frequency penalties, `samplers`
+(which of those apply), `n_indent` and `t_max_predict_ms` (`api/infill_limits.py`),
+`stream`, `response_fields`. Accepted and ignored because they cannot change the answer:
+`cache_prompt`, `id_slot` (llmd's prefix cache is automatic and it has no slots),
+`t_max_prompt_ms` (llama.cpp ignores it too), a chunk's `time`. The `infill` sampler is
+accepted in `samplers` and not applied (llmd has no such sampler). Any other field is
+refused, all of them named in one 400. The stream is llama.cpp's: one
 `data: {"content": ..., "stop": false}` event per piece, a last event with `stop: true` and
 the timings, and no `[DONE]`.
 """

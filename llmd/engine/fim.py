@@ -117,6 +117,21 @@ SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
 ExtraPart = int | str  # a token id, or literal text (never parsed for control tokens)
 
 
+def fit_holes(prefix: int, suffix: int, room: int) -> tuple[int, int]:
+    """How many prefix tokens (its last) and suffix tokens (its first) to keep in `room` tokens.
+
+    All of both when they fit; else, as llama.cpp splits it, up to a quarter of the room for
+    the suffix and the rest for the prefix (the text nearest the cursor matters most), and
+    what one side does not use goes to the other.
+    """
+    if prefix + suffix <= room:
+        return prefix, suffix
+    room = max(0, room)
+    suffix_take = min(suffix, room // 4)
+    prefix_take = min(prefix, room - suffix_take)
+    return prefix_take, min(suffix, room - prefix_take)
+
+
 @dataclass(frozen=True, slots=True)
 class RepoTokens:
     """A vocabulary's repo-level tokens, where it has them."""

@@ -191,7 +191,8 @@ class ExtraFile:
 class InfillInput:
     """What `/infill` asks the engine to lay out: the hole's two sides, extra files, room to leave.
 
-    `reserve_tokens` are kept free for the answer: extra context is cut (oldest first) to leave them.
+    `reserve_tokens` are kept free for the answer (up to half the context): extra context is cut
+    (oldest first) to leave them, then the prefix's start and the suffix's end.
     """
 
     prefix: str

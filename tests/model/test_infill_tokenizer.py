@@ -97,3 +97,23 @@ def test_a_fim_template_serves_infill_with_snippets(tiny_model: Path) -> None:
     prompt = tokenizer.encode_infill(InfillInput("the", "end", (ExtraFile("a.txt", "rain"),)))
     fim = tokenizer.encode_completion("the", "end").ids
     assert prompt.ids == [fim[0], *text_ids(tokenizer, SNIPPET_SEPARATOR + "rain"), *fim[1:]]
+
+
+def test_a_prefix_and_suffix_too_long_are_cut_near_the_cursor_kept(fim_dirs: dict[str, Path]) -> None:
+    prefix, suffix = "x = 1\n" * 200 + "def f(", ")\n" + "y = 2\n" * 200
+    whole = ChatTokenizer(fim_dirs["qwen"]).encode_infill(InfillInput(prefix, suffix))
+    cut = ChatTokenizer(fim_dirs["qwen"], max_context=100).encode_infill(
+        InfillInput(prefix, suffix, EXTRA, reserve_tokens=20))
+    tokenizer = ChatTokenizer(fim_dirs["qwen"])
+    pre, suf, mid = (token(tokenizer, m) for m in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    assert cut.truncated and len(cut.ids) == 80 and cut.ids[-1] == mid  # no room left for the chunks
+    head, tail = cut.ids[cut.ids.index(pre) + 1:cut.ids.index(suf)], cut.ids[cut.ids.index(suf) + 1:-1]
+    assert len(tail) == (80 - len(cut.ids[:cut.ids.index(pre) + 1]) - 2) // 4
+    assert whole.ids[whole.ids.index(suf) - len(head):whole.ids.index(suf)] == head  # the prefix's end
+    assert whole.ids[whole.ids.index(suf) + 1:][:len(tail)] == tail  # the suffix's start
+
+
+def test_a_reserve_past_half_the_context_is_capped(fim_dirs: dict[str, Path]) -> None:
+    prompt = ChatTokenizer(fim_dirs["qwen"], max_context=100).encode_infill(
+        InfillInput("x = 1\n" * 200, "", reserve_tokens=4096))  # llama.vscode may ask for more than fits
+    assert len(prompt.ids) == 50 and prompt.truncated

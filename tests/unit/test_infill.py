@@ -15,7 +15,7 @@ from llmd.api.infill import (
     to_infill_sampling,
 )
 from llmd.api.infill_limits import InfillLimits, indent_cut
-from llmd.engine.fim import SNIPPET_SEPARATOR, RepoTokens, detect_repo_tokens, extra_context_parts
+from llmd.engine.fim import SNIPPET_SEPARATOR, RepoTokens, detect_repo_tokens, extra_context_parts, fit_holes
 from llmd.engine.types import ExtraFile
 from llmd.errors import InvalidRequest, UnsupportedParameter
 from llmd.protocol import Infill, InfillTimings
@@ -67,6 +67,22 @@ def test_an_empty_chunk_adds_no_empty_text() -> None:
 )
 def test_repo_tokens_are_found_by_their_spellings(vocab: dict[str, int], expected: RepoTokens) -> None:
     assert detect_repo_tokens(vocab.get) == expected
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "room", "kept"),
+    [
+        (10, 5, 15, (10, 5)),  # fits
+        (100, 100, 40, (30, 10)),  # a quarter for the suffix
+        (100, 2, 40, (38, 2)),  # a short suffix leaves the rest to the prefix
+        (3, 100, 40, (3, 37)),  # and a short prefix to the suffix
+        (10, 10, 0, (0, 0)),
+        (10, 10, -5, (0, 0)),
+    ],
+)
+def test_fit_holes_splits_the_room_as_llama_cpp(prefix: int, suffix: int, room: int,
+                                               kept: tuple[int, int]) -> None:
+    assert fit_holes(prefix, suffix, room) == kept
 
 
 # --- parsing and sampling --------------------------------------------------------------------
