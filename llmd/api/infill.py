@@ -59,6 +59,8 @@ DEFAULT_MIN_P = 0.05
 # Context kept free for the answer when `n_predict` is -1 (extra chunks are cut to leave it).
 OPEN_ENDED_RESERVE = 256
 IGNORED = ("cache_prompt", "id_slot", "t_max_prompt_ms")
+# What the limits and timings read (seconds); a test swaps it for a clock it drives.
+CLOCK: Clock = time.monotonic
 
 
 @post("/infill", status_code=200)
@@ -70,7 +72,7 @@ async def create_infill(
     prompt = await engine.encode_infill(to_infill_input(body))
     sampling = to_infill_sampling(body, infill_budget(engine, prompt, body.n_predict), prompt.end_token_ids)
     limits = InfillLimits(body.n_indent or 0, body.t_max_predict_ms or 0)
-    run = InfillRun(prompt, served.id, time.monotonic, limits, evaluate_only=body.n_predict == 0)
+    run = InfillRun(prompt, served.id, CLOCK, limits, evaluate_only=body.n_predict == 0)
     stream = engine.submit(prompt.ids, sampling)
     if body.stream:
         events = stream_infill(stream, run, body.response_fields)

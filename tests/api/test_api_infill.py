@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from litestar.testing import TestClient
 
+from llmd.api import infill
 from llmd.errors import EngineFailure
 from tests.helpers.api_client import openai_error, served, sse_payloads
 from tests.helpers.fake_engine import FIM_END_IDS, FakeEngine
@@ -124,6 +126,17 @@ def test_an_unindented_line_ends_the_answer_and_aborts_the_request() -> None:
         result = post(client, n_indent=4).json()
     assert result["content"] == "x = 1\n    y = 2\n" and result["tokens_predicted"] == 3
     assert engine.streams[0].closed and not engine.streams[0].finished  # left early: aborted
+
+
+def test_the_time_limit_ends_the_answer_at_a_newline_once_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = iter(range(100))  # a clock a second further on each reading: submit, then each event
+    monkeypatch.setattr(infill, "CLOCK", lambda: float(next(ticks)))
+    engine = FakeEngine(pieces=("a\n", "b\n", "c", "d\n", "e\n"))
+    with served(engine) as client:
+        result = post(client, t_max_predict_ms=1500).json()
+    assert result["content"] == "a\nb\ncd\n"  # 3 s after the first token, at the next newline
+    assert result["timings"]["prompt_ms"] == 1000.0 and result["timings"]["predicted_ms"] == 3000.0
+    assert engine.streams[0].closed and not engine.streams[0].finished
 
 
 def test_stop_strings_and_n_predict_reach_the_engine() -> None:
