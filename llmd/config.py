@@ -104,8 +104,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # Server-side FIM prompt (`/v1/completions` with `suffix`) instead of the one detected from the
-    # tokenizer: text with control tokens as text, `{prefix}` and `{suffix}` once each.
+    # Server-side FIM prompt (`/v1/completions` with `suffix`, `/infill`) instead of the one detected from
+    # the tokenizer: text with control tokens as text, `{prefix}` and `{suffix}` once each.
     fim_template: str | None = None
 
 

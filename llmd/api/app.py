@@ -12,6 +12,7 @@ from llmd.api.completions import create_completion
 from llmd.api.dependencies import ServedModel, collaborators
 from llmd.api.errors import ErrorRenderer
 from llmd.api.health import health, ready, stats
+from llmd.api.infill import create_infill
 from llmd.api.metrics import export_metrics
 from llmd.api.models import list_models, retrieve_model
 from llmd.config import Settings
@@ -29,8 +30,8 @@ def create_app(
     """
     served = ServedModel(model_id, int(time.time()), context_length)
     return Litestar(
-        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health,
-                        ready, stats, export_metrics],
+        route_handlers=[create_chat_completion, create_completion, create_infill, list_models, retrieve_model,
+                        health, ready, stats, export_metrics],
         # The Host first: a rebinding page learns nothing, not even whether keys are set.
         guards=[HostCheck(settings), KeyCheck(keys, settings.protect_metrics), require_json],
         middleware=[Cors(settings.cors_origins)],

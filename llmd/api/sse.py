@@ -3,13 +3,14 @@
 Every event is `data: <json>\\n\\n`, JSON encoded by msgspec, handed to the server as
 its own body write so it is flushed the moment it exists. A failure after the first
 byte becomes one error event (counted, as an error response would be); `[DONE]` always
-ends the stream.
+ends an OpenAI stream.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 from litestar.response import Stream
@@ -27,16 +28,17 @@ HEADERS = {
 }
 
 _encoder = msgspec.json.Encoder()
+Payload = msgspec.Struct | dict[str, Any]  # a wire Struct, or llama.cpp's `response_fields` pick of one
 
 
-def event(payload: msgspec.Struct) -> bytes:
+def event(payload: Payload) -> bytes:
     """One SSE `data:` event carrying `payload` as JSON."""
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
-async def frame(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter | None = None
-                ) -> AsyncIterator[bytes]:
-    """SSE bytes for `chunks`, ending in `[DONE]` whether or not they fail midway."""
+async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
+                done: bool = True) -> AsyncIterator[bytes]:
+    """SSE bytes for `chunks`, ending in `[DONE]` (unless not `done`) whether or not they fail midway."""
     failure: LlmdError | None = None
     try:
         async for chunk in chunks:
@@ -50,9 +52,15 @@ async def frame(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter
         if count_error is not None:
             count_error(failure.code or failure.error_type)
         yield event(error_body(failure))
-    yield DONE
+    if done:
+        yield DONE
 
 
-def sse_response(chunks: AsyncIterator[msgspec.Struct], count_error: ErrorCounter | None = None) -> Stream:
-    """A `text/event-stream` response streaming `chunks`; `count_error` hears of an in-stream error."""
-    return Stream(frame(chunks, count_error), media_type="text/event-stream", headers=HEADERS)
+def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
+                 done: bool = True) -> Stream:
+    """A `text/event-stream` response streaming `chunks`; `count_error` hears of an in-stream error.
+
+    `done=False` leaves out the closing `[DONE]`: llama.cpp's own endpoints (`/infill`) end
+    with their last event (`stop: true`), and its clients do not expect one.
+    """
+    return Stream(frame(chunks, count_error, done), media_type="text/event-stream", headers=HEADERS)

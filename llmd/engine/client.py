@@ -26,6 +26,7 @@ from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     CompletionPrompt,
     EngineStats,
+    InfillInput,
     Request,
     SamplingParams,
     TemplateOptions,
@@ -77,6 +78,10 @@ class Engine(Protocol):
 
     async def encode_completion(self, prompt: str | list[int], suffix: str | None) -> CompletionPrompt:
         """A completions prompt: text (control tokens parsed), token ids, or with `suffix` the FIM layout."""
+        ...
+
+    async def encode_infill(self, infill: InfillInput) -> CompletionPrompt:
+        """llama.cpp's `/infill` prompt: extra files (repo-level where the model has the tokens), then FIM."""
         ...
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -203,6 +208,12 @@ class EngineClient:
         chars = len(prompt) + len(suffix or "") if isinstance(prompt, str) else 0
         large = chars > LARGE_PROMPT_CHARS
         return await self._encode(self._tokenizer.encode_completion, prompt, suffix, large=large)
+
+    async def encode_infill(self, infill: InfillInput) -> CompletionPrompt:
+        """An `/infill` prompt's ids (see `ChatTokenizer.encode_infill`), encoded as `encode_chat` is."""
+        assert self._tokenizer is not None, "start() first"
+        chars = len(infill.prefix) + len(infill.suffix) + sum(len(f.text) for f in infill.extra)
+        return await self._encode(self._tokenizer.encode_infill, infill, large=chars > LARGE_PROMPT_CHARS)
 
     async def _encode(self, encode: Callable[..., T], *args: Any, large: bool) -> T:
         assert self._loop is not None, "start() first"

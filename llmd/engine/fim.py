@@ -103,3 +103,65 @@ def template_layout(template: str, lookup: TokenLookup) -> FimLayout:
     parts = tuple(part for part in (head, first, middle, second, tail) if part != "")
     return FimLayout("template", parts, all_end_token_ids(lookup))
 
+
+
+# Repo-level FIM (Qwen2.5-Coder's paper, arXiv 2409.12186; StarCoder2's `<file_sep>`): other
+# files go before the prompt, each after a file-separator token and its name.
+REPO_NAME_TOKENS = ("<|repo_name|>", "<repo_name>", "<reponame>")
+FILE_SEP_TOKENS = ("<|file_sep|>", "<file_sep>")
+REPO_NAME = "myproject"  # no editor sends one; llama.cpp's placeholder, so prompts match its
+CURRENT_FILE = "filename"  # nor the current file's name (llama.cpp's placeholder too)
+# Without a file separator, chunks are told apart by a plain-text rule, as llama.cpp does.
+SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"
+
+ExtraPart = int | str  # a token id, or literal text (never parsed for control tokens)
+
+
+def fit_holes(prefix: int, suffix: int, room: int) -> tuple[int, int]:
+    """How many prefix tokens (its last) and suffix tokens (its first) to keep in `room` tokens.
+
+    All of both when they fit; else, as llama.cpp splits it, up to a quarter of the room for
+    the suffix and the rest for the prefix (the text nearest the cursor matters most), and
+    what one side does not use goes to the other.
+    """
+    if prefix + suffix <= room:
+        return prefix, suffix
+    room = max(0, room)
+    suffix_take = min(suffix, room // 4)
+    prefix_take = min(prefix, room - suffix_take)
+    return prefix_take, min(suffix, room - prefix_take)
+
+
+@dataclass(frozen=True, slots=True)
+class RepoTokens:
+    """A vocabulary's repo-level tokens, where it has them."""
+
+    repo_name: int | None
+    file_sep: int | None
+
+
+def detect_repo_tokens(lookup: TokenLookup) -> RepoTokens:
+    """The repo-name and file-separator ids the vocabulary has (None where it has none)."""
+    return RepoTokens(first_known(REPO_NAME_TOKENS, lookup), first_known(FILE_SEP_TOKENS, lookup))
+
+
+def extra_context_parts(files: list[tuple[str, str]], repo: RepoTokens) -> list[ExtraPart]:
+    """The parts that go before the FIM prompt for `files` ((filename, text) pairs), in order.
+
+    As llama.cpp lays them out, so a model sees what it would there: `<repo_name>myproject\\n`
+    where the vocabulary has a repo-name token; per file `<file_sep>name\\n` and its text, then
+    `<file_sep>filename\\n` opening the current file, where it has a file separator (both even
+    with no files: the repo-level shape is what such a model was trained on); without a file
+    separator, each file's text after a `--- snippet ---` line.
+    """
+    parts: list[ExtraPart] = []
+    if repo.repo_name is not None:
+        parts += [repo.repo_name, f"{REPO_NAME}\n"]
+    for filename, text in files:
+        if repo.file_sep is not None:
+            parts += [repo.file_sep, f"{filename}\n", text]
+        else:
+            parts.append(SNIPPET_SEPARATOR + text)
+    if repo.file_sep is not None:
+        parts += [repo.file_sep, f"{CURRENT_FILE}\n"]
+    return [part for part in parts if part != ""]

@@ -22,8 +22,18 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from llmd.engine.fim import FimLayout, FimPart, Hole, detect_fim_layout, template_layout
-from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, TemplateOptions
+from llmd.engine.fim import (
+    ExtraPart,
+    FimLayout,
+    FimPart,
+    Hole,
+    detect_fim_layout,
+    detect_repo_tokens,
+    extra_context_parts,
+    fit_holes,
+    template_layout,
+)
+from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
 # Private-use characters around a placeholder's index; a user's own are placeholders too.
@@ -38,6 +48,9 @@ RESERVED_TEMPLATE_NAMES = frozenset(
 # A prompt longer than this many characters per context token is first counted on growing
 # prefixes: no tokenizer needs more characters than that for a context's worth of tokens.
 EARLY_CHECK_CHARS_PER_TOKEN = 4
+# `/infill` keeps at most this many characters per context token of each hole (its end side of
+# the prefix, start of the suffix) before encoding: far above any tokenizer's longest tokens.
+HOLE_CHARS_PER_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +123,7 @@ class ChatTokenizer:
         self._leading = self.leading_ids()
         lookup = self._tokenizer.get_vocab().get
         self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
+        self.repo = detect_repo_tokens(lookup)
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
@@ -195,23 +209,82 @@ class ChatTokenizer:
             raise InvalidRequest("`prompt` must not be empty", param="prompt")
         return ids
 
-    def fim_layout(self) -> FimLayout:
-        """The model's FIM layout; a 400 naming `suffix` when its tokenizer has no FIM tokens."""
+    def fim_layout(self, param: str = "suffix") -> FimLayout:
+        """The model's FIM layout; a 400 naming `param` when its tokenizer has no FIM tokens."""
         if self.fim is None:
+            hint = "send `suffix: null`, or " if param == "suffix" else ""
             raise UnsupportedParameter(
-                "`suffix` (fill-in-the-middle) needs a model whose tokenizer has FIM tokens, and this "
-                "one has none; send `suffix: null`, or set `fim_template` in the settings", param="suffix")
+                f"`{param}` (fill-in-the-middle) needs a model whose tokenizer has FIM tokens, and this "
+                f"one has none; {hint}set `fim_template` in the settings", param=param)
         return self.fim
 
     def encode_fim(self, layout: FimLayout, prefix: str, suffix: str) -> list[int]:
         """The FIM prompt: the layout's tokens and template text, the holes filled with literal text."""
+        return self.with_leading(self.fim_ids(layout, prefix, suffix))
+
+    def fim_ids(self, layout: FimLayout, prefix: str, suffix: str) -> list[int]:
+        """The FIM prompt's ids without the tokenizer's BOS."""
         if self.max_context is not None:
             self.refuse_early([PromptPiece(prefix, literal=True), PromptPiece(suffix, literal=True)],
                               self.max_context)
         ids: list[int] = []
         for k, part in enumerate(layout.parts):
             ids += self.fim_part_ids(part, layout.parts[k - 1] if k else None, prefix, suffix)
-        return self.with_leading(ids)
+        return ids
+
+    def encode_infill(self, infill: InfillInput) -> CompletionPrompt:
+        """llama.cpp's `/infill` prompt: BOS, the extra files (repo-level where the vocabulary has a
+        file separator, `engine/fim.py`), then the FIM prompt.
+
+        Nothing is refused for length: what would leave fewer than `reserve_tokens` (at most half
+        the context) free is cut, as llama.cpp cuts it: the extra context from its start (the
+        oldest chunks go first), then the prefix from its start and the suffix from its end
+        (`fit_holes`); `truncated` says so. Raises `UnsupportedParameter` naming `input_suffix`
+        when the model has no FIM tokens.
+        """
+        layout = self.fim_layout("input_suffix")
+        room = None
+        if self.max_context is not None:
+            room = self.max_context - len(self._leading) - min(infill.reserve_tokens, self.max_context // 2)
+        fim, cut = self.fitted_fim_ids(layout, *self.bounded_holes(infill.prefix, infill.suffix), room)
+        extra = self.extra_ids(extra_context_parts([(f.filename, f.text) for f in infill.extra], self.repo))
+        keep = len(extra) if room is None else max(0, room - len(fim))
+        kept = extra[len(extra) - keep:] if keep < len(extra) else extra
+        return CompletionPrompt(self.with_leading(kept + fim), infill.prefix, layout.end_token_ids,
+                                truncated=cut or len(kept) < len(extra))
+
+    def bounded_holes(self, prefix: str, suffix: str) -> tuple[str, str]:
+        """The prefix's end and the suffix's start, at most `HOLE_CHARS_PER_TOKEN` characters per
+        context token: more could never be kept, so a huge hole costs an encode bounded by the context."""
+        if self.max_context is None:
+            return prefix, suffix
+        chars = HOLE_CHARS_PER_TOKEN * self.max_context
+        return prefix[-chars:], suffix[:chars]
+
+    def fitted_fim_ids(self, layout: FimLayout, prefix: str, suffix: str, room: int | None
+                       ) -> tuple[list[int], bool]:
+        """The FIM prompt's ids (no BOS) in `room` tokens where it can be (None: no bound), the holes cut
+        as `fit_holes` says; and whether they were."""
+        parts = [self.fim_part_ids(part, layout.parts[k - 1] if k else None, prefix, suffix)
+                 for k, part in enumerate(layout.parts)]
+        at = {part: k for k, part in enumerate(layout.parts) if isinstance(part, Hole)}
+        head, tail = parts[at[Hole.PREFIX]], parts[at[Hole.SUFFIX]]
+        if room is None:
+            return [token for ids in parts for token in ids], False
+        fixed = sum(len(ids) for k, ids in enumerate(parts) if k not in at.values())
+        head_take, tail_take = fit_holes(len(head), len(tail), room - fixed)
+        parts[at[Hole.PREFIX]], parts[at[Hole.SUFFIX]] = head[len(head) - head_take:], tail[:tail_take]
+        return [token for ids in parts for token in ids], (head_take, tail_take) != (len(head), len(tail))
+
+    def extra_ids(self, parts: list[ExtraPart]) -> list[int]:
+        """Ids of the extra-context parts: token ids as they are, text literal (never control tokens)."""
+        ids: list[int] = []
+        for part in parts:
+            if isinstance(part, int):
+                ids.append(part)
+            else:
+                ids += self.encode_piece(PromptPiece(part, literal=True), after_text=True)
+        return ids
 
     def fim_part_ids(self, part: FimPart, before: FimPart | None, prefix: str, suffix: str) -> list[int]:
         """Ids of one part; the prefix right after a marker token starts its text as a prompt would.

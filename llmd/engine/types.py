@@ -176,3 +176,26 @@ class CompletionPrompt:
     text: str  # the prompt as text: what `echo` prepends
     # A FIM layout's end tokens (pad, file separator, ...): emitting one finishes the middle.
     end_token_ids: tuple[int, ...] = ()
+    truncated: bool = False  # `/infill`: some extra context was cut to fit the context
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraFile:
+    """A chunk of another file that an editor sends as context for `/infill` (llama.cpp's `input_extra`)."""
+
+    filename: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class InfillInput:
+    """What `/infill` asks the engine to lay out: the hole's two sides, extra files, room to leave.
+
+    `reserve_tokens` are kept free for the answer (up to half the context): extra context is cut
+    (oldest first) to leave them, then the prefix's start and the suffix's end.
+    """
+
+    prefix: str
+    suffix: str
+    extra: tuple[ExtraFile, ...] = ()
+    reserve_tokens: int = 1

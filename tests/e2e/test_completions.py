@@ -1,4 +1,5 @@
-"""End to end: `POST /v1/completions` on a real `llmd serve`, through the official `openai` SDK and raw httpx.
+"""End to end: `POST /v1/completions` (and llama.cpp's `/infill`) on a real `llmd serve`, through the
+official `openai` SDK and raw httpx.
 
 The shapes and refusals are tested around a fake engine in tests/api/test_api_completions.py;
 here the real model answers, an editor-shaped request is cancelled, and server-side FIM runs
@@ -17,6 +18,7 @@ import pytest
 
 from llmd.demo.text import DEMO_TEXT
 from llmd.engine.tokenizer import ChatTokenizer
+from llmd.engine.types import ExtraFile, InfillInput
 from tests.helpers.daemon import Daemon, start_daemon
 from tests.helpers.waiting import wait_until
 
@@ -141,3 +143,48 @@ def test_server_side_fim_builds_the_configured_layout(fim_daemon: Daemon, tiny_m
     templated = prefix.join(FIM_TEMPLATE.split("{prefix}")).replace("{suffix}", suffix)
     same = sdk.completions.create(model="tiny", prompt=templated, max_tokens=6, temperature=0)
     assert same.choices[0].text == result.choices[0].text  # the client-templated prompt is the same ids
+
+
+# llama.vim's FIM request, field for field (autoload/llama.vim, llama#fim), and its ring-buffer
+# update that only evaluates the chunks (s:ring_update).
+VIM_PREFIX, VIM_SUFFIX = "def add(a, b):\n", "\n\nprint(add(1, 2))\n"
+VIM_CHUNK = "def sub(a, b):\n    return a - b\n"
+VIM_CHUNKS = [{"text": VIM_CHUNK, "time": [1733000000, 250], "filename": "util.py"}]
+VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+LLAMA_VIM = {"input_prefix": VIM_PREFIX, "input_suffix": VIM_SUFFIX, "input_extra": VIM_CHUNKS,
+             "prompt": "    ", "n_predict": 256, "n_indent": 4, "top_k": 40, "top_p": 0.99, "stream": False,
+             "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "t_max_prompt_ms": 500,
+             "t_max_predict_ms": 1500, "response_fields": VIM_FIELDS}
+VIM_RING = {"input_prefix": "", "input_suffix": "", "input_extra": VIM_CHUNKS, "prompt": "", "n_predict": 0,
+            "temperature": 0.0, "stream": False, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 1,
+            "t_max_predict_ms": 1, "response_fields": [""]}
+
+
+def test_llama_vims_infill_requests_are_served(fim_daemon: Daemon, tiny_model: Path) -> None:
+    infill = InfillInput(VIM_PREFIX + "    ", VIM_SUFFIX, (ExtraFile("util.py", VIM_CHUNK),))
+    expected = ChatTokenizer(tiny_model, fim_template=FIM_TEMPLATE).encode_infill(infill).ids
+    with httpx.Client(base_url=fim_daemon.url, timeout=60) as http:
+        ring = http.post("/infill", json=VIM_RING)
+        result = http.post("/infill", json=LLAMA_VIM)
+    assert ring.status_code == 200 and ring.json() == {}
+    assert result.status_code == 200, result.text
+    body = result.json()
+    assert set(body) == set(VIM_FIELDS) and isinstance(body["content"], str)
+    assert body["timings/prompt_n"] == len(expected) and body["truncated"] is False
+    assert 1 <= body["timings/predicted_n"] <= 256
+    assert body["tokens_cached"] == body["timings/prompt_n"] + body["timings/predicted_n"]
+    wait_for(fim_daemon, lambda s: s["running"] == 0)
+
+
+def test_an_infill_stream_is_llama_cpps(fim_daemon: Daemon) -> None:
+    body = LLAMA_VIM | {"stream": True, "n_predict": 8, "response_fields": None, "n_indent": 0}
+    with httpx.Client(base_url=fim_daemon.url, timeout=60) as http:
+        response = http.post("/infill", json=body)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert "[DONE]" not in events
+    *pieces, last = [json.loads(e) for e in events]
+    assert all(p["stop"] is False for p in pieces) and last["stop"] is True and last["content"] == ""
+    assert last["tokens_predicted"] == last["timings"]["predicted_n"] <= 8

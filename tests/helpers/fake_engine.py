@@ -18,6 +18,7 @@ from llmd.engine.types import (
     CompletionPrompt,
     EngineStats,
     FinishReason,
+    InfillInput,
     SamplingParams,
     TemplateOptions,
     TokenEvent,
@@ -85,6 +86,7 @@ class FakeEngine:
     fim: bool = True  # whether the fake model has FIM tokens (else `suffix` is refused)
     completion_prompts: list[tuple[str | list[int], str | None]] = field(default_factory=list)
     templates: list[TemplateOptions] = field(default_factory=list)
+    infills: list[InfillInput] = field(default_factory=list)
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
 
@@ -109,6 +111,13 @@ class FakeEngine:
             raise UnsupportedParameter("`suffix` needs a model with FIM tokens", param="suffix")
         ends = FIM_END_IDS if suffix is not None else ()
         return CompletionPrompt(list(range(self.prompt_tokens)), prompt, ends)
+
+    async def encode_infill(self, infill: InfillInput) -> CompletionPrompt:
+        """`prompt_tokens` ids (recorded in `infills`); refused as the tokenizer does without FIM tokens."""
+        self.infills.append(infill)
+        if not self.fim:
+            raise UnsupportedParameter("`input_suffix` needs a model with FIM tokens", param="input_suffix")
+        return CompletionPrompt(list(range(self.prompt_tokens)), infill.prefix, FIM_END_IDS)
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The native client's budget rule over `max_context`."""
