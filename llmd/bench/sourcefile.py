@@ -96,12 +96,13 @@ class Typist:
 
     seed: int
     delete_rate: float = DELETE_RATE
-    _rng: random.Random = field(init=False)
+    _rng: random.Random = field(init=False)  # when to delete
+    _code: random.Random = field(init=False)  # what to type: deletes leave the text intended
     _pending: str = ""
     _typed: int = 0
 
     def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
+        self._rng, self._code = random.Random(self.seed), random.Random(f"{self.seed}-code")
 
     def edit(self, document: Document) -> Document:
         """The document after one more edit."""
@@ -110,7 +111,7 @@ class Typist:
             self._pending = document.prefix[-1] + self._pending
             return document.backspace()
         if not self._pending:
-            self._pending = "\n" + _statement(self._rng)
+            self._pending = "\n" + _statement(self._code)
         char, self._pending = self._pending[0], self._pending[1:]
         self._typed += 1
         return document.insert(char)
