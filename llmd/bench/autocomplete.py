@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import secrets
 import time
@@ -182,9 +183,10 @@ class EditPlan:
     interval: float
 
     def document(self, number: int) -> Document:
-        """Fresh file `number`: its own seed, and the run's nonce first so no earlier
-        bench's cached prefix helps its cold request."""
-        header = f"# {self.nonce:04d}-{number:03d} bench file\n\n"
+        """Fresh file `number`: its own seed, and a tag unique to the run and the file first,
+        so no earlier file's cached prefix helps its cold request."""
+        tag = hashlib.sha256(f"{self.nonce}-{number}".encode()).hexdigest()[:12]
+        header = f"# {tag}: bench file {number}\n\n"
         text = fit_source(self.file_tokens, self.count, self.seed + number, header)
         return open_document(text)
 
@@ -199,12 +201,13 @@ async def measure_repeat(
     """One repeat on fresh file `repeat`: cold request, edits, then the drain."""
     document = plan.document(repeat)
     documents = edit_sequence(document, plan.edits, plan.seed + repeat)
+    before_cold = await stats.read()
     cold = await session.complete(document)
     before = await stats.read()
     edits = await run_edits(session, documents, plan.interval)
     drain = await stats.drain(drain_bound)
     after = await stats.read()
-    return summarize_edits(repeat, cold, edits, (before, after), drain)
+    return summarize_edits(repeat, cold, edits, (before, after), drain, before_cold)
 
 
 async def calibrate(session: FimSession, target: int, seed: int, notes: list[str]) -> float:

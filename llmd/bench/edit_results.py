@@ -87,6 +87,7 @@ class AutocompleteRun:
     prompt_tokens: float | None
     cold_ttft_ms: float | None
     cold_error: str | None
+    cold_prefix_tokens_reused: int | None  # a cold request should reuse (almost) nothing
     ttft_ms_p50: float | None
     ttft_ms_p99: float | None
     ttft_p50_over_cold: float | None
@@ -109,8 +110,10 @@ def summarize_edits(
     edits: Sequence[EditResult],
     counters: tuple[EngineCounters | None, EngineCounters | None],
     drain: Drain | None,
+    before_cold: EngineCounters | None = None,
 ) -> AutocompleteRun:
-    """One repeat's figures from its cold request, its edits and the counters around them."""
+    """One repeat's figures from its cold request, its edits and the counters around them
+    (`counters`: before and after the edits)."""
     kept = [edit.stream for edit in edits if edit.kept]
     failed = [edit.stream for edit in edits if edit.stream.error is not None]
     ttfts = [ttft for stream in kept if (ttft := stream.ttft) is not None]
@@ -125,6 +128,7 @@ def summarize_edits(
         error_messages=_error_messages(failed, drain),
         prompt_tokens=_median_prompt_tokens([cold, *kept]),
         cold_ttft_ms=ms(cold_ttft), cold_error=cold.error,
+        cold_prefix_tokens_reused=_reused_between(before_cold, counters[0]),
         ttft_ms_p50=ms(p50), ttft_ms_p99=ms(percentile(ttfts, 99)),
         ttft_p50_over_cold=rounded(ratio(p50, cold_ttft), 4),
         superseded_fraction=rounded(ratio(superseded, len(edits)), 4),
@@ -151,6 +155,12 @@ def prefix_figures(
     hits = after.prefix_hits - before.prefix_hits
     reused = after.prefix_tokens_reused - before.prefix_tokens_reused
     return rounded(hits / requests, 4), rounded(reused / requests, 1)
+
+
+def _reused_between(before: EngineCounters | None, after: EngineCounters | None) -> int | None:
+    if before is None or after is None:
+        return None
+    return after.prefix_tokens_reused - before.prefix_tokens_reused
 
 
 def _median_prompt_tokens(streams: Sequence[StreamResult]) -> float | None:

@@ -409,10 +409,11 @@ def test_autocomplete_closes_superseded_requests(fake: Served, capsys: Capture) 
     assert run["closed_after_first_token"] == run["kept"]
     assert fake.app.disconnects == 5  # the fake saw each one go
     assert run["cold_error"] is None and run["cold_ttft_ms"] is not None
+    assert run["cold_prefix_tokens_reused"] == 0  # a fresh file
     assert abs(run["prompt_tokens"] - 300) <= 40  # the cold request's usage, file calibrated
     assert run["prefix_hit_rate"] == 1.0 and run["prefix_tokens_reused_per_request"] > 0
     assert run["drained"] is True and run["drain_s"] >= 0
-    assert fake.app.running == 0 and fake.app.stats_reads >= 4  # probe, before, drain, after
+    assert fake.app.running == 0 and fake.app.stats_reads >= 5  # probe, around cold and edits, drain
     assert report["medians"]["prefix_hit_rate"] == 1.0
 
 

@@ -113,8 +113,11 @@ def test_the_file_stays_near_its_target_through_the_edits() -> None:
 def test_each_repeat_opens_a_fresh_file_near_the_target() -> None:
     plan = EditPlan(1500, 0.25, seed=0, nonce=42, edits=10, interval=0.15)
     first, second = plan.document(1), plan.document(2)
-    assert first.text.startswith("# 0042-001 bench file") and second.text.startswith("# 0042-002 ")
+    assert first.text.startswith("# ") and ": bench file 1\n\ndef " in first.text
+    assert first.text[2] != second.text[2] or first.text[3] != second.text[3]  # differ at once
     assert first.text[30:200] != second.text[30:200]
+    other_run = EditPlan(1500, 0.25, seed=0, nonce=43, edits=10, interval=0.15).document(1)
+    assert other_run.text[:14] != first.text[:14] and other_run.text[30:] == first.text[30:]
     assert abs(plan.count(first.text) - 1500) <= 40 and first == plan.document(1)
 
 
@@ -208,12 +211,13 @@ def test_edit_classification_adds_up() -> None:
 def test_summarize_edits() -> None:
     before, after = EngineCounters(0, 0, 10, 1000), EngineCounters(0, 0, 13, 5200)
     run = summarize_edits(2, _stream(-1.0, -0.8, prompt_tokens=1500), _edits(),
-                          (before, after), Drain(0.25, 0, 0))
+                          (before, after), Drain(0.25, 0, 0), EngineCounters(0, 0, 10, 990))
     assert (run.repeat, run.requests, run.kept, run.superseded, run.empty, run.errors) == (
         2, 6, 3, 1, 1, 1)
     assert run.closed_after_first_token == 1
     assert run.requests == run.kept + run.superseded + run.empty + run.errors
     assert run.cold_ttft_ms == 200.0 and run.cold_error is None
+    assert run.cold_prefix_tokens_reused == 10
     assert run.ttft_ms_p50 == 40.0 and run.ttft_ms_p99 == pytest.approx(59.6)  # of 20, 40, 60
     assert run.ttft_p50_over_cold == 0.2
     assert run.superseded_fraction == round(1 / 6, 4)
@@ -229,7 +233,7 @@ def test_a_run_that_never_drained_fails() -> None:
     run = summarize_edits(1, _stream(-1.0, -0.9), ok, (None, None), Drain(None, 2, 1))
     assert run.failed and run.drained is False and run.drain_s is None
     assert run.error_messages == ["the server still had 2 running and 1 waiting request(s) after the run"]
-    assert run.prefix_hit_rate is None
+    assert run.prefix_hit_rate is None and run.cold_prefix_tokens_reused is None
     clean = summarize_edits(1, _stream(-1.0, -0.9), ok, (None, None), None)
     assert not clean.failed and clean.drained is None
 
