@@ -132,10 +132,19 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(run.errors for run in report.runs) else 0
 
 
-def _run_autocomplete(args: argparse.Namespace) -> int:
+def _autocomplete_refusal(args: argparse.Namespace) -> str | None:
+    """Why `args` cannot run the autocomplete workload (one editor over HTTP), if they cannot."""
     if args.in_process:
-        print("llmd bench: --in-process measures decode only; drop it for --workload "
-              "autocomplete", file=sys.stderr)
+        return "--in-process measures decode only; drop it for --workload autocomplete"
+    if args.concurrency > 1:
+        return "--workload autocomplete plays one editor user; drop -c"
+    return None
+
+
+def _run_autocomplete(args: argparse.Namespace) -> int:
+    refusal = _autocomplete_refusal(args)
+    if refusal is not None:
+        print(f"llmd bench: {refusal}", file=sys.stderr)
         return 2
     try:
         report = _run_async(bench_autocomplete(args))

@@ -172,11 +172,13 @@ def test_autocomplete_flags_and_defaults() -> None:
         parser.parse_args(["--fim", "both"])
 
 
-def test_in_process_autocomplete_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+def test_in_process_or_concurrent_autocomplete_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
     assert command.run(parser.parse_args(["--workload", "autocomplete", "--in-process", "x"])) == 2
     assert "--in-process" in capsys.readouterr().err
+    assert command.run(parser.parse_args(["--workload", "autocomplete", "-c", "2"])) == 2
+    assert "one editor" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- the arithmetic
