@@ -4,6 +4,9 @@ C concurrent streaming clients each send R chat completions; every SSE event is
 timestamped the moment it is parsed off the wire, and the run is reported as
 TTFT, inter-chunk gaps, chunks per completion token and output tokens/s.
 `--in-process MODEL_DIR` measures the raw decode of a model in this process instead.
+`--workload autocomplete` plays an editor user instead: an edit every 150 ms near the
+cursor of a ~1,500-token file, each sending a streamed FIM completion and closing the
+previous one (llmd/bench/autocomplete.py).
 This module holds the flags and the run; the rest of the bench lives beside it.
 """
 
@@ -13,12 +16,19 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from llmd.bench.autocomplete import FIM_FORMS, bench_autocomplete
+from llmd.bench.edit_results import AutocompleteReport
 from llmd.bench.http import BenchError, bench_http
 from llmd.bench.inprocess import bench_in_process
-from llmd.bench.report import format_json, format_table
+from llmd.bench.report import format_autocomplete_table, format_json, format_table
 from llmd.bench.results import BenchReport
+
+Report = TypeVar("Report", BenchReport, AutocompleteReport)
+
+# Chat streams measure decode, so they run long; an autocomplete suggestion is a few lines.
+DEFAULT_MAX_TOKENS = {"chat": 128, "autocomplete": 64}
 
 
 def _positive_int(text: str) -> int:
@@ -48,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests per client (default: 3)")
     add("--prompt-tokens", type=_positive_int, default=64,
         help="prompt length to aim for (default: 64)")
-    add("--max-tokens", type=_positive_int, default=128,
-        help="completion tokens per request (default: 128)")
+    add("--max-tokens", type=_positive_int,
+        help="completion tokens per request (default: 128 chat, 64 autocomplete)")
     prompts = parser.add_mutually_exclusive_group()
     prompts.add_argument("--distinct-prompts", dest="distinct_prompts", action="store_true",
                          default=True, help="start every prompt differently so no cached "
@@ -68,9 +78,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--in-process", metavar="MODEL_DIR",
         help="measure the raw decode of MODEL_DIR in this process instead")
     add("--profile", default="cpu", help="llmd profile for --in-process (default: cpu)")
+    _add_autocomplete_arguments(parser)
 
 
-def _run_async(main: Coroutine[Any, Any, BenchReport]) -> BenchReport:
+def _add_autocomplete_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--workload", choices=tuple(DEFAULT_MAX_TOKENS), default="chat",
+        help="chat: C clients x R chat streams; autocomplete: an editor user's FIM "
+        "requests, one per edit (default: chat)")
+    add("--edits", type=_positive_int, default=100,
+        help="autocomplete: edits (one request each) per repeat (default: 100)")
+    add("--edit-interval-ms", type=_positive_float, default=150.0,
+        help="autocomplete: time between edits (default: 150)")
+    add("--file-tokens", type=_positive_int, default=1500,
+        help="autocomplete: size of the edited file (default: 1500)")
+    add("--fim", choices=FIM_FORMS, default="client",
+        help="autocomplete: client templates the FIM prompt as Continue does (works on any "
+        "model); server sends prompt + suffix for the server's FIM template (default: client)")
+    add("--seed", type=int, default=0, help="autocomplete: the synthetic file's seed (default: 0)")
+    add("--drain-timeout", type=_positive_float, default=30.0,
+        help="autocomplete: seconds /stats may take to show nothing running after a repeat "
+        "(default: 30)")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def _run_async(main: Coroutine[Any, Any, Report]) -> Report:
     """On the daemon's event loop (uvloop where installed): less client CPU per event,
     which the server it measures would otherwise lose on a machine with few cores."""
     from llmd.runtime import event_loop_factory
@@ -81,6 +119,10 @@ def _run_async(main: Coroutine[Any, Any, BenchReport]) -> BenchReport:
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench; 0 when every measured request succeeded, 1 otherwise, 2 on bad usage."""
+    if args.max_tokens is None:
+        args.max_tokens = DEFAULT_MAX_TOKENS[args.workload]
+    if args.workload == "autocomplete":
+        return _run_autocomplete(args)
     try:
         report = bench_in_process(args) if args.in_process else _run_async(bench_http(args))
     except BenchError as exc:
@@ -88,6 +130,29 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(format_json(report) if args.json else format_table(report))
     return 1 if any(run.errors for run in report.runs) else 0
+
+
+def _autocomplete_refusal(args: argparse.Namespace) -> str | None:
+    """Why `args` cannot run the autocomplete workload (one editor over HTTP), if they cannot."""
+    if args.in_process:
+        return "--in-process measures decode only; drop it for --workload autocomplete"
+    if args.concurrency > 1:
+        return "--workload autocomplete plays one editor user; drop -c"
+    return None
+
+
+def _run_autocomplete(args: argparse.Namespace) -> int:
+    refusal = _autocomplete_refusal(args)
+    if refusal is not None:
+        print(f"llmd bench: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        report = _run_async(bench_autocomplete(args))
+    except BenchError as exc:
+        print(f"llmd bench: {exc}", file=sys.stderr)
+        return 1
+    print(format_json(report) if args.json else format_autocomplete_table(report))
+    return 1 if any(run.failed for run in report.runs) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,7 +57,7 @@ class HttpSession:
         async with asyncio.timeout(self.timeout):
             reply = await self.client.request("POST", "/chat/completions", _json_bytes(body))
         if reply.status >= 400:
-            raise BenchError(_http_error(reply))
+            raise BenchError(http_error(reply))
         payload = json.loads(reply.body)
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
@@ -67,37 +67,51 @@ class HttpSession:
     async def stream_chat(self, prompt: str) -> StreamResult:
         """Stream one completion; every failure is recorded in the result, never raised."""
         result = StreamResult(sent=time.perf_counter())
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self._consume(prompt, result)
-        except TimeoutError:
-            result.error = None if result.done else f"timed out after {self.timeout:g}s"
-        except OSError as exc:  # refused, reset, or not HTTP (TransportError)
-            result.error = f"{type(exc).__name__}: {exc}"
-        if result.finished is None:
-            result.finished = time.perf_counter()
+        body = self.body(prompt, stream=True, max_tokens=self.max_tokens)
+        await stream_into(result, self.client, "/chat/completions", body, self.timeout)
         return result
 
-    async def _consume(self, prompt: str, result: StreamResult) -> None:
-        body = self.body(prompt, stream=True, max_tokens=self.max_tokens)
-        parser = SSEParser()
 
-        def sink(data: bytes) -> bool:
-            # Runs as the bytes arrive. After [DONE] the rest of the body is still read,
-            # so the connection is reused; an error ends the exchange at once.
-            if not result.done:
-                record_events(result, parser.feed(data))
-            return result.error is not None
+async def stream_into(
+    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any], timeout: float
+) -> None:
+    """POST `body` to `path` and record its SSE reply into `result` as it arrives.
 
-        reply = await self.client.request("POST", "/chat/completions", _json_bytes(body), sink)
-        if reply.status >= 400:
-            result.error = _http_error(reply)
-        if result.error is not None:
-            return
-        # A stream that reported its finish_reason completed, even if the server then
-        # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
-        if not result.done and result.finish_reason is None:
-            result.error = "stream ended before data: [DONE]"
+    Failures are recorded, never raised; a cancellation propagates (the connection is
+    closed), leaving in `result` what had arrived.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await _consume(result, client, path, body)
+    except TimeoutError:
+        result.error = None if result.done else f"timed out after {timeout:g}s"
+    except OSError as exc:  # refused, reset, or not HTTP (TransportError)
+        result.error = f"{type(exc).__name__}: {exc}"
+    if result.finished is None:
+        result.finished = time.perf_counter()
+
+
+async def _consume(
+    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any]
+) -> None:
+    parser = SSEParser()
+
+    def sink(data: bytes) -> bool:
+        # Runs as the bytes arrive. After [DONE] the rest of the body is still read,
+        # so the connection is reused; an error ends the exchange at once.
+        if not result.done:
+            record_events(result, parser.feed(data))
+        return result.error is not None
+
+    reply = await client.request("POST", path, _json_bytes(body), sink)
+    if reply.status >= 400:
+        result.error = http_error(reply)
+    if result.error is not None:
+        return
+    # A stream that reported its finish_reason completed, even if the server then
+    # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
+    if not result.done and result.finish_reason is None:
+        result.error = "stream ended before data: [DONE]"
 
 
 def record_events(result: StreamResult, events: Sequence[SSEEvent]) -> None:
@@ -142,13 +156,16 @@ def _record_chunk(result: StreamResult, chunk: dict[str, Any], arrived: float) -
 
 
 def _delta_text(chunk: dict[str, Any]) -> str:
-    """The text a chunk adds; reasoning text counts, as usage counts its tokens too."""
+    """The text a chunk adds: a chat delta's content (reasoning text counts, as usage counts
+    its tokens too) or a text completion's `text`."""
     choices = chunk.get("choices") or []
-    delta = (choices[0].get("delta") or {}) if choices and isinstance(choices[0], dict) else {}
-    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    delta = choice.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "") + (choice.get("text") or "")
 
 
-def _http_error(reply: Reply) -> str:
+def http_error(reply: Reply) -> str:
+    """An HTTP error reply in one line."""
     return f"HTTP {reply.status}: {' '.join(reply.text.split())[:200]}"
 
 
@@ -162,7 +179,7 @@ async def fetch_model(client: StreamClient, base_url: str, timeout: float) -> st
         async with asyncio.timeout(timeout):
             reply = await client.request("GET", "/models")
         if reply.status >= 400:
-            raise BenchError(_http_error(reply))
+            raise BenchError(http_error(reply))
         return str(json.loads(reply.body)["data"][0]["id"])
     except (BenchError, OSError, TimeoutError, ValueError, KeyError, IndexError, TypeError) as exc:
         message = f"cannot pick a model from {base_url}/models ({exc}); pass --model"

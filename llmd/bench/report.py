@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from llmd.bench.edit_results import AutocompleteReport, AutocompleteRun
 from llmd.bench.results import BenchReport, RunReport
 
 COLUMNS = (
@@ -40,9 +41,46 @@ def _row_values(run: RunReport) -> list[Any]:
     ]
 
 
-def _format_row(values: Sequence[Any], label_width: int, header: bool = False) -> str:
+# The autocomplete workload's columns: requests sent, kept (first token before the next edit),
+# superseded (closed before it), errors; TTFTs of kept edits against the cold request's.
+EDIT_COLUMNS = (
+    ("run", 0, "{}"),
+    ("sent", 6, "{}"),
+    ("kept", 6, "{}"),
+    ("supsd", 7, "{}"),
+    ("err", 5, "{}"),
+    ("cold TTFT", 11, "{:.1f}"),
+    ("TTFT p50", 10, "{:.1f}"),
+    ("TTFT p99", 10, "{:.1f}"),
+    ("p50/cold", 10, "{:.3f}"),
+    ("hit rate", 10, "{:.3f}"),
+    ("reuse/req", 11, "{:.1f}"),
+    ("drain s", 9, "{:.3f}"),
+)
+
+
+def _edit_row_values(run: AutocompleteRun) -> list[Any]:
+    return [
+        f"{run.label} #{run.repeat}",
+        run.requests,
+        run.kept,
+        run.superseded,
+        run.errors,
+        run.cold_ttft_ms,
+        run.ttft_ms_p50,
+        run.ttft_ms_p99,
+        run.ttft_p50_over_cold,
+        run.prefix_hit_rate,
+        run.prefix_tokens_reused_per_request,
+        run.drain_s,
+    ]
+
+
+def _format_row(
+    values: Sequence[Any], label_width: int, header: bool = False, columns: Sequence[Any] = COLUMNS
+) -> str:
     cells = []
-    for (name, width, spec), value in zip(COLUMNS, values, strict=True):
+    for (name, width, spec), value in zip(columns, values, strict=True):
         text = "-" if value is None else (str(value) if header else spec.format(value))
         cells.append(text.ljust(label_width) if name == "run" else text.rjust(width))
     return "".join(cells).rstrip()
@@ -79,6 +117,37 @@ def _summary_lines(report: BenchReport) -> list[str]:
     return lines
 
 
-def format_json(report: BenchReport) -> str:
+def format_autocomplete_table(report: AutocompleteReport) -> str:
+    """The autocomplete workload's fixed-width report."""
+    rows = [_edit_row_values(run) for run in report.runs]
+    label_width = max([len("run"), *(len(row[0]) for row in rows)]) + 1
+    lines = [
+        f"llmd bench autocomplete  {report.target}  model {report.model}",
+        f"{report.edits} edit(s) every {report.edit_interval_ms:g} ms on a "
+        f"{report.file_tokens_requested}-token file, FIM {report.fim}, max_tokens "
+        f"{report.max_tokens}, {len(report.stop)} stop strings, temperature {report.temperature:g}",
+        "times in ms; TTFT of kept edits (first token before the next edit); supsd = closed "
+        "before the first token; hit rate = /stats prefix hits per request sent",
+        "",
+        _format_row([name for name, _, _ in EDIT_COLUMNS], label_width, True, EDIT_COLUMNS),
+        *(_format_row(row, label_width, columns=EDIT_COLUMNS) for row in rows),
+        "",
+        _medians_line(report),
+    ]
+    for run in report.runs:
+        lines += [f"error ({run.label} #{run.repeat}): {message}" for message in run.error_messages]
+        if run.cold_error is not None:
+            lines.append(f"error ({run.label} #{run.repeat}): cold request: {run.cold_error}")
+    lines += [f"note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def _medians_line(report: AutocompleteReport) -> str:
+    shown = ", ".join(f"{name} {'-' if value is None else f'{value:g}'}"
+                      for name, value in report.medians.items())
+    return f"medians over {report.repeats} repeat(s): {shown}"
+
+
+def format_json(report: BenchReport | AutocompleteReport) -> str:
     """The report as one JSON object."""
     return json.dumps(asdict(report), indent=2)

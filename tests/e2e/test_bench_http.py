@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import socket
 import threading
@@ -31,6 +32,10 @@ class FakeOpenAI:
     fake-nousage: the same, never reporting usage.
     fake-flaky: streamed request k is ok (k%4==0), HTTP 503, a data error, an error event.
     fake-stall: sends one chunk, then waits for the client to leave.
+    On /v1/completions (streamed): the first request for a file (no prefix shared with the
+    previous prompt) streams to its end; fake-stall's later ones send one chunk, then wait
+    for the client to leave. /stats counts streams in flight (plus `stuck_running`) and a
+    prefix hit per prompt sharing 64+ characters with the previous one.
     """
 
     delay: float = 0.005
@@ -38,9 +43,23 @@ class FakeOpenAI:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     streamed: int = 0
+    running: int = 0
+    stuck_running: int = 0
+    has_stats: bool = True
+    stats_reads: int = 0
+    disconnects: int = 0
+    prefix_hits: int = 0
+    prefix_tokens_reused: int = 0
+    last_prompt: str = ""
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/stats":
+            await self._stats(send)
+            return
+        if scope["path"] == "/v1/completions":
+            await self._completions(receive, send, json.loads(await _read_body(receive)))
             return
         if scope["path"] == "/v1/models":
             models = {"object": "list", "data": [{"id": "fake-ok"}, {"id": "other"}]}
@@ -107,6 +126,69 @@ class FakeOpenAI:
             await asyncio.sleep(self.delay)
 
 
+    async def _stats(self, send: Send) -> None:
+        self.stats_reads += 1
+        if not self.has_stats:
+            await _send_json(send, 404, {"detail": "Not Found"})
+            return
+        await _send_json(send, 200, {
+            "steps": 0, "running": self.running + self.stuck_running, "waiting": 0, "finished": 0,
+            "aborted": self.disconnects, "generated_tokens": 0, "prefix_hits": self.prefix_hits,
+            "prefix_tokens_reused": self.prefix_tokens_reused})
+
+    async def _completions(self, receive: Receive, send: Send, body: Message) -> None:
+        self.bodies.append(body)
+        prompt = body["prompt"] + (body.get("suffix") or "")
+        if not body.get("stream"):
+            usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": 1}
+            await _send_json(send, 200, {"object": "text_completion", "usage": usage,
+                                         "choices": [{"text": "a", "index": 0}]})
+            return
+        hit = self._count_prefix_hit(prompt)
+        self.running += 1
+        try:
+            await self._stream_text(receive, send, body, stall=hit and body["model"] == "fake-stall")
+        finally:
+            self.running -= 1
+
+    def _count_prefix_hit(self, prompt: str) -> bool:
+        shared = _shared_prefix(prompt, self.last_prompt)
+        self.last_prompt = prompt
+        if shared < 64:
+            return False
+        self.prefix_hits += 1
+        self.prefix_tokens_reused += shared // 4
+        return True
+
+    async def _stream_text(self, receive: Receive, send: Send, body: Message, stall: bool) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        tokens = body["max_tokens"]
+        texts = [_text_chunk("ab"[: min(2, tokens - t)]) for t in range(0, tokens, 2)]
+        if stall:
+            await self._events(send, texts[:1])
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.disconnects += 1
+            return
+        counts = {"prompt_tokens": len(body["prompt"] + (body.get("suffix") or "")) // 4,
+                  "completion_tokens": tokens}
+        usage = b"data: " + json.dumps({"object": "text_completion", "choices": [],
+                                        "usage": counts}).encode() + b"\n\n"
+        await self._events(send, [*texts, usage, b"data: [DONE]\n\n"])
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _shared_prefix(first: str, second: str) -> int:
+    return next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b),
+                min(len(first), len(second)))
+
+
+def _text_chunk(text: str) -> bytes:
+    chunk = {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
 def _chunk(delta: dict[str, str]) -> bytes:
     chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
@@ -159,7 +241,10 @@ def served() -> Iterator[Served]:
 def fake(served: Served) -> Served:
     served.app.bodies.clear()
     served.app.headers.clear()
-    served.app.streamed = 0
+    app = served.app
+    app.streamed = app.running = app.stuck_running = app.stats_reads = app.disconnects = 0
+    app.prefix_hits = app.prefix_tokens_reused = 0
+    app.has_stats, app.last_prompt = True, ""
     return served
 
 
@@ -300,3 +385,83 @@ def test_unreachable_server(capsys: Capture) -> None:
     assert code == 1
     (run,) = report["runs"]
     assert run["errors"] == 2 and "ConnectionRefusedError" in run["error_messages"][0]
+
+
+# ---------------------------------------------------------------------- autocomplete
+
+
+def _autocomplete(capsys: Capture, fake: Served, *argv: str) -> tuple[int, dict[str, Any]]:
+    return _bench_json(capsys, "--base-url", fake.base_url, "--workload", "autocomplete",
+                       "--file-tokens", "300", "--edit-interval-ms", "40", "--warmup", "0",
+                       *argv)
+
+
+def _completion_bodies(app: FakeOpenAI) -> list[dict[str, Any]]:
+    return [body for body in app.bodies if body.get("stream") and "prompt" in body]
+
+
+def test_autocomplete_closes_superseded_requests(fake: Served, capsys: Capture) -> None:
+    code, report = _autocomplete(capsys, fake, "--model", "fake-stall", "--edits", "5")
+    assert code == 0
+    (run,) = report["runs"]
+    assert run["requests"] == 5 and run["errors"] == 0 and run["empty"] == 0
+    assert run["kept"] + run["superseded"] == 5  # every edit's request was closed by the next
+    assert run["closed_after_first_token"] == run["kept"]
+    assert fake.app.disconnects == 5  # the fake saw each one go
+    assert run["cold_error"] is None and run["cold_ttft_ms"] is not None
+    assert run["cold_prefix_tokens_reused"] == 0  # a fresh file
+    assert abs(run["prompt_tokens"] - 300) <= 40  # the cold request's usage, file calibrated
+    assert run["prefix_hit_rate"] == 1.0 and run["prefix_tokens_reused_per_request"] > 0
+    assert run["drained"] is True and run["drain_s"] >= 0
+    assert fake.app.running == 0 and fake.app.stats_reads >= 5  # probe, around cold and edits, drain
+    assert report["medians"]["prefix_hit_rate"] == 1.0
+
+
+def test_autocomplete_sends_what_an_editor_sends(fake: Served, capsys: Capture) -> None:
+    code, report = _autocomplete(capsys, fake, "--model", "fake-stall", "--edits", "4")
+    assert code == 0 and report["fim"] == "client" and report["max_tokens"] == 64
+    cold, *edits = _completion_bodies(fake.app)
+    assert len(edits) == 4
+    assert all(len(body["stop"]) == 12 and body["max_tokens"] == 64 for body in edits)
+    assert all(body["prompt"].startswith("<|fim_prefix|>") for body in edits)
+    assert all(body["prompt"].endswith("<|fim_middle|>") and "suffix" not in body for body in edits)
+    lengths = [len(body["prompt"]) for body in [cold, *edits]]
+    assert all(abs(after - before) == 1 for before, after in itertools.pairwise(lengths))
+
+
+def test_autocomplete_server_fim_counts_add_up(fake: Served, capsys: Capture) -> None:
+    code, report = _autocomplete(capsys, fake, "--model", "fake-ok", "--fim", "server",
+                                 "--edits", "6", "--max-tokens", "4", "--repeats", "2",
+                                 "--warmup", "1")
+    assert code == 0
+    bodies = _completion_bodies(fake.app)
+    assert len(bodies) == 1 + 2 * (1 + 6)  # warmup, then per repeat a cold request and the edits
+    assert all("suffix" in body and "<|fim_prefix|>" not in body["prompt"] for body in bodies)
+    for run in report["runs"]:
+        assert run["kept"] + run["superseded"] + run["empty"] + run["errors"] == run["requests"] == 6
+        assert run["drained"] is True
+    assert [run["repeat"] for run in report["runs"]] == [1, 2]
+
+
+def test_autocomplete_fails_when_requests_keep_running(fake: Served, capsys: Capture) -> None:
+    fake.app.stuck_running = 1
+    code, report = _autocomplete(capsys, fake, "--model", "fake-ok", "--edits", "2",
+                                 "--max-tokens", "2", "--drain-timeout", "0.2")
+    assert code == 1
+    (run,) = report["runs"]
+    assert run["drained"] is False and run["drain_s"] is None
+    assert "1 running" in run["error_messages"][-1]
+
+
+def test_autocomplete_without_stats_and_as_a_table(fake: Served, capsys: Capture) -> None:
+    fake.app.has_stats = False
+    code = command.run(_args("--base-url", fake.base_url, "--model", "fake-ok", "--workload",
+                             "autocomplete", "--edits", "3", "--max-tokens", "2", "--warmup", "0",
+                             "--file-tokens", "200", "--edit-interval-ms", "20", "--timeout", "30"))
+    table = capsys.readouterr().out
+    assert code == 0
+    for text in ("llmd bench autocomplete", "TTFT p50", "p50/cold", "hit rate", "autocomplete #1",
+                 "medians over 1 repeat(s)", "no llmd /stats"):
+        assert text in table
+    (row,) = [line for line in table.splitlines() if line.startswith("autocomplete #")]
+    assert row.split()[-3:] == ["-", "-", "-"]  # no hit rate, reuse or drain without /stats
