@@ -36,7 +36,11 @@ from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, R
 log = logging.getLogger("llmd.api")
 
 LINGER_SECONDS = 2.0  # how long a refused connection reads and drops input before it closes
-PROBE_SECONDS = 1.0  # between the two writes that tell a half-closed client from a gone one
+# When the writes that tell a half-closed client from a gone one go out, in seconds after its
+# EOF. A gone client's kernel answers the first with a reset, which fails the next: on loopback
+# that takes microseconds, so an editor's superseded completion is aborted within ~20 ms; the
+# later probes cover slower links. A present client skips them all (1xx lines, SSE comments).
+PROBE_DELAYS = (0.02, 0.2, 1.0)
 FD_RESERVE = 64  # descriptors kept for the model files, the log, the loop and the listener
 
 Phase = Literal["idle", "head", "body"]
@@ -143,9 +147,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         """The client half-closed: finish the response to its whole request, then close.
 
         A client that closed outright looks the same until we write, so the connection is
-        probed twice (`_probe`): a gone client's kernel answers the first write with a reset,
-        the second then fails, and the request is aborted as before. HTTP/1.0 has no 1xx to
-        probe with, so its EOF still means gone.
+        probed (`_probe`, now and at `PROBE_DELAYS`): a gone client's kernel answers the first
+        write with a reset, the next then fails, and the request is aborted as before.
+        HTTP/1.0 has no 1xx to probe with, so its EOF still means gone.
         """
         cycle = self.cycle
         if self.lingering or self.phase != "idle" or cycle is None or cycle.response_complete or \
@@ -153,7 +157,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return False
         cycle.keep_alive = False
         self._probe()
-        self.loop.call_later(PROBE_SECONDS, self._probe)
+        for delay in PROBE_DELAYS:
+            self.loop.call_later(delay, self._probe)
         return True  # keeps our sending side open
 
     def _probe(self) -> None:
