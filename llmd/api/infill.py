@@ -36,7 +36,7 @@ from llmd.api.chat import validation_error
 from llmd.api.completions import unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.infill_limits import InfillLimits
-from llmd.api.lenient import Refusal, extra_keys, refuse
+from llmd.api.lenient import Refusal, extra_keys, json_object, refuse
 from llmd.api.sse import sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, ExtraFile, InfillInput, SamplingParams, TokenEvent
@@ -102,11 +102,8 @@ def parse_infill_body(raw: bytes) -> InfillRequest:
 
 def unknown_infill_fields(raw: bytes) -> list[Refusal]:
     """The body's fields, and its chunks' fields, that `/infill` does not declare."""
-    try:
-        document = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return []
-    if not isinstance(document, dict):
+    document = json_object(raw)
+    if document is None:
         return []
     found = extra_keys(document, InfillRequest, "")
     chunks = document.get("input_extra")

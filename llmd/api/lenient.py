@@ -70,17 +70,23 @@ def refuse(refusals: list[Refusal]) -> UnsupportedParameter:
     return UnsupportedParameter(message, param=refusals[0].param)
 
 
+def json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None when it is not one (the Struct decode says why)."""
+    try:
+        document = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return document if isinstance(document, dict) else None
+
+
 def unknown_fields(raw: bytes) -> list[Refusal]:
     """Every field of the JSON body that no request Struct declares, with its path.
 
     A content part that is not text is named by its `type` (an image part's `image_url` is
     not the problem; its being an image is). [] when the body is not a JSON object.
     """
-    try:
-        document = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return []
-    if not isinstance(document, dict):
+    document = json_object(raw)
+    if document is None:
         return []
     found = extra_keys(document, ChatCompletionRequest, "")
     if isinstance(document.get("stream_options"), dict):

@@ -6,13 +6,14 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+
+from tests.helpers.waiting import wait_until
 
 READY_TIMEOUT = 120.0
 
@@ -72,18 +73,19 @@ def start_daemon(
 
 def wait_until_ready(daemon: Daemon) -> None:
     """Poll /ready; fail with the daemon's log if it dies or never gets ready."""
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if daemon.process.poll() is not None:
             pytest.fail(f"llmd exited with {daemon.process.returncode}:\n{daemon.log()}")
         try:
-            if httpx.get(f"{daemon.url}/ready", timeout=2).status_code == 200:
-                return
+            return httpx.get(f"{daemon.url}/ready", timeout=2).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    daemon.stop()
-    pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
+            return False
+
+    try:
+        wait_until("ready", ready, READY_TIMEOUT)
+    except AssertionError:
+        daemon.stop()
+        pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
 
 
 def is_llmd_serve(process: psutil.Process) -> bool:
