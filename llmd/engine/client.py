@@ -14,16 +14,17 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
+from llmd.engine.stream import GenerationStream
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
+    SEED_LIMIT,
     CompletionPrompt,
     EngineStats,
     InfillInput,
@@ -33,7 +34,12 @@ from llmd.engine.types import (
     TokenEvent,
 )
 from llmd.engine.worker import EngineWorker, WorkerHooks
-from llmd.errors import ContextLengthExceeded, EngineFailure, LlmdError, Overloaded, ShuttingDown
+from llmd.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    Overloaded,
+    ShuttingDown,
+)
 
 if TYPE_CHECKING:
     from llmd.engine.tokenizer import ChatTokenizer
@@ -92,9 +98,20 @@ class Engine(Protocol):
         """Admit a request; raises `Overloaded` (full, loading) or `ShuttingDown` (draining)."""
         ...
 
+    def submit_choices(self, prompt_ids: list[int], params: SamplingParams, n: int) -> Sequence[TokenStream]:
+        """`n` choices of one prompt, prefilled once: a stream each (its own abort), choice i seeded
+        `seed + i` when `params.seed` is set. Raises as `submit` does, and `InvalidRequest` naming
+        `n` when the choices cannot all run at once."""
+        ...
+
     def stats(self) -> EngineStats:
         """A snapshot of the engine's counters."""
         ...
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice `index`'s seed of a request seeded `seed` (wrapping at 2**64); None stays unseeded."""
+    return None if seed is None else (seed + index) % SEED_LIMIT
 
 
 def context_budget(max_context: int, prompt_tokens: int, max_tokens: int | None) -> int:
@@ -246,11 +263,27 @@ class EngineClient:
         """
         self._admit()
         request_id = f"req-{next(self._ids)}"
-        stream = GenerationStream(self, request_id, len(prompt_ids), params.max_tokens)
+        stream = GenerationStream(self._close, request_id, len(prompt_ids), params.max_tokens)
         self._streams[request_id] = stream
         self._idle.clear()
         self._worker.submit(Request(request_id, prompt_ids, self._with_special_stops(params)))
         return stream
+
+    def submit_choices(self, prompt_ids: list[int], params: SamplingParams, n: int) -> list[GenerationStream]:
+        """`n` streams over one prompt (see `Engine.submit_choices`)."""
+        if n > self.profile.max_running:
+            raise InvalidRequest(f"`n` ({n}) exceeds the {self.profile.max_running} requests this "
+                                 "profile runs at once", param="n")
+        streams: list[GenerationStream] = []
+        try:
+            for index in range(n):
+                seeded = dataclasses.replace(params, seed=choice_seed(params.seed, index))
+                streams.append(self.submit(prompt_ids, seeded))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        return streams
 
     def _with_special_stops(self, params: SamplingParams) -> SamplingParams:
         """Stop strings that are one special token also stop as that token.
@@ -346,91 +379,3 @@ class EngineClient:
     def _fatal_from_worker(self, exc: BaseException) -> None:
         assert self._loop is not None and self.failed is not None
         self._loop.call_soon_threadsafe(self.failed.set_result, exc)
-
-
-class GenerationStream:
-    """The events of one submitted request, in order; an async iterator and a context manager."""
-
-    def __init__(self, client: EngineClient, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens  # the completion budget it was admitted with
-        # the worker's events, or an error the client ends the request with (the drain's cut)
-        self.events: asyncio.Queue[TokenEvent | LlmdError] = asyncio.Queue()
-        self.started = time.monotonic()
-        self.first_token_at: float | None = None
-        self.queued_seconds: float | None = None  # arrival → admitted to the running set
-        self.last_event_at: float | None = None
-        self.token_gaps: list[float] = []  # seconds between events that carried tokens
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.done = False
-        self._client = client
-        self._closed = False
-
-    def __aiter__(self) -> GenerationStream:
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self.done:
-            raise StopAsyncIteration
-        event = await self.events.get()
-        if isinstance(event, LlmdError):
-            self._end_with(event)
-        now = time.monotonic()
-        if event.queued_seconds is not None:
-            self.queued_seconds = event.queued_seconds
-        if event.completion_tokens > self.completion_tokens:
-            if self.first_token_at is None:
-                self.first_token_at = now
-            elif self.last_event_at is not None:
-                self.token_gaps.append(now - self.last_event_at)
-            self.last_event_at = now
-            self.completion_tokens = event.completion_tokens
-        self.done = event.finish_reason is not None
-        if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason.value
-        if event.error is not None:
-            self._end_with(EngineFailure(event.error))
-        return event
-
-    def fail(self, error: LlmdError) -> None:
-        """End the request with `error`, raised to whoever reads the stream next."""
-        self.events.put_nowait(error)
-
-    def _end_with(self, error: LlmdError) -> NoReturn:
-        self.done = True
-        self.error = error.message
-        raise error
-
-    @property
-    def outcome(self) -> str:
-        """finish reason, `error`, or `disconnected` (the client left before the end)."""
-        return self.finish_reason or ("error" if self.error else "disconnected")
-
-    def summary(self) -> str:
-        """The one log line of a request: tokens, TTFT, speed, how it ended."""
-        ttft = "-" if self.first_token_at is None else f"{(self.first_token_at - self.started) * 1000:.0f} ms"
-        rate = "-"
-        if self.first_token_at is not None and self.last_event_at is not None and self.completion_tokens > 1:
-            span = self.last_event_at - self.first_token_at
-            rate = f"{(self.completion_tokens - 1) / span:.1f} tok/s" if span > 0 else "-"
-        total = time.monotonic() - self.started
-        tokens = f"prompt {self.prompt_tokens}, completion {self.completion_tokens}"
-        return (f"request {self.request_id}: {tokens}, ttft {ttft}, {rate}, {total:.2f} s, {self.outcome}"
-                + (f" ({self.error})" if self.error else ""))
-
-    def close(self) -> None:
-        """Stop listening; aborts the request if it has not finished."""
-        if not self._closed:
-            self._closed = True
-            self._client._close(self)
-
-    def __enter__(self) -> GenerationStream:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

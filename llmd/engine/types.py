@@ -61,6 +61,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
@@ -130,6 +133,24 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class Logprob:
+    """A token and its log-probability (natural log) under the model's raw distribution."""
+
+    token_id: int
+    text: str  # the token's bytes decoded, U+FFFD where they end inside a character
+    raw: bytes  # the token's own bytes (part of a character, for a byte-level BPE)
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position of a sequence: the token there, and the likeliest `top` tokens, most likely first."""
+
+    chosen: Logprob
+    top: tuple[Logprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """What one engine step produced for one request, as delivered to its client.
 
@@ -142,6 +163,10 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     queued_seconds: float | None = None  # on a request's first event: how long it waited
+    # The token's logprobs when asked; None for a token whose text is not output (EOS, a stop id).
+    logprobs: TokenLogprobs | None = None
+    # On the first event when `prompt_logprobs` was asked: each prompt token's (None for the first).
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,8 +87,8 @@ def test_a_stream_that_never_got_a_token_counts_only_as_a_request() -> None:
 
 
 def test_the_engine_clients_stream_fits_the_observer() -> None:
-    """`GenerationStream` (engine/client.py) has every field `observe_stream` reads."""
-    from llmd.engine.client import GenerationStream
+    """`GenerationStream` (engine/stream.py) has every field `observe_stream` reads."""
+    from llmd.engine.stream import GenerationStream
 
     stream = GenerationStream(None, "r1", 12, 16)  # type: ignore[arg-type]  # no client needed to read it
     metrics = Metrics()
@@ -216,7 +216,7 @@ class Text(msgspec.Struct):
 
 def test_a_stream_cut_by_the_drain_counts_as_an_in_stream_error() -> None:
     """The drain's cut reaches the SSE framing as `shutting_down`, counted like an error response."""
-    from llmd.engine.client import GenerationStream
+    from llmd.engine.stream import GenerationStream
 
     stream = GenerationStream(None, "r1", 12, 16)  # type: ignore[arg-type]  # never closed here
     stream.events.put_nowait(TokenEvent("Once", 1))

@@ -1,0 +1,106 @@
+"""One submitted request's events as the API reads them: an async iterator and a context manager.
+
+`EngineClient` fills `events` from the worker's deliveries; leaving the stream before its last
+event calls back `on_close`, which aborts the request in the worker. Timing stamps and the
+outcome are kept for the request's log line and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import NoReturn
+
+from llmd.engine.types import TokenEvent
+from llmd.errors import EngineFailure, LlmdError
+
+
+class GenerationStream:
+    """The events of one submitted request, in order; an async iterator and a context manager."""
+
+    def __init__(self, on_close: Callable[[GenerationStream], None], request_id: str, prompt_tokens: int,
+                 max_tokens: int) -> None:
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens  # the completion budget it was admitted with
+        # the worker's events, or an error the client ends the request with (the drain's cut)
+        self.events: asyncio.Queue[TokenEvent | LlmdError] = asyncio.Queue()
+        self.started = time.monotonic()
+        self.first_token_at: float | None = None
+        self.queued_seconds: float | None = None  # arrival → admitted to the running set
+        self.last_event_at: float | None = None
+        self.token_gaps: list[float] = []  # seconds between events that carried tokens
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.done = False
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self) -> GenerationStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.done:
+            raise StopAsyncIteration
+        event = await self.events.get()
+        if isinstance(event, LlmdError):
+            self._end_with(event)
+        now = time.monotonic()
+        if event.queued_seconds is not None:
+            self.queued_seconds = event.queued_seconds
+        if event.completion_tokens > self.completion_tokens:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            elif self.last_event_at is not None:
+                self.token_gaps.append(now - self.last_event_at)
+            self.last_event_at = now
+            self.completion_tokens = event.completion_tokens
+        self.done = event.finish_reason is not None
+        if event.finish_reason is not None:
+            self.finish_reason = event.finish_reason.value
+        if event.error is not None:
+            self._end_with(EngineFailure(event.error))
+        return event
+
+    def fail(self, error: LlmdError) -> None:
+        """End the request with `error`, raised to whoever reads the stream next."""
+        self.events.put_nowait(error)
+
+    def _end_with(self, error: LlmdError) -> NoReturn:
+        self.done = True
+        self.error = error.message
+        raise error
+
+    @property
+    def outcome(self) -> str:
+        """finish reason, `error`, or `disconnected` (the client left before the end)."""
+        return self.finish_reason or ("error" if self.error else "disconnected")
+
+    def summary(self) -> str:
+        """The one log line of a request: tokens, TTFT, speed, how it ended."""
+        ttft = "-" if self.first_token_at is None else f"{(self.first_token_at - self.started) * 1000:.0f} ms"
+        rate = "-"
+        if self.first_token_at is not None and self.last_event_at is not None and self.completion_tokens > 1:
+            span = self.last_event_at - self.first_token_at
+            rate = f"{(self.completion_tokens - 1) / span:.1f} tok/s" if span > 0 else "-"
+        total = time.monotonic() - self.started
+        tokens = f"prompt {self.prompt_tokens}, completion {self.completion_tokens}"
+        return (f"request {self.request_id}: {tokens}, ttft {ttft}, {rate}, {total:.2f} s, {self.outcome}"
+                + (f" ({self.error})" if self.error else ""))
+
+    def close(self) -> None:
+        """Stop listening; aborts the request if it has not finished."""
+        if not self._closed:
+            self._closed = True
+            self._on_close(self)
+
+    def __enter__(self) -> GenerationStream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
