@@ -261,29 +261,44 @@ class EngineClient:
         Use the returned stream as a context manager: leaving it before the last event
         (disconnect, error, cancellation) aborts the request in the worker.
         """
-        self._admit()
-        request_id = f"req-{next(self._ids)}"
-        stream = GenerationStream(self._close, request_id, len(prompt_ids), params.max_tokens)
-        self._streams[request_id] = stream
-        self._idle.clear()
-        self._worker.submit(Request(request_id, prompt_ids, self._with_special_stops(params)))
-        return stream
+        return self._submit_group(prompt_ids, [params])[0]
 
     def submit_choices(self, prompt_ids: list[int], params: SamplingParams, n: int) -> list[GenerationStream]:
-        """`n` streams over one prompt (see `Engine.submit_choices`)."""
+        """`n` streams over one prompt, prefilled once (see `Engine.submit_choices`).
+
+        The first choice's request carries the others as followers: the worker forks them from
+        its prefill, and until then they hold slots beside it.
+        """
         if n > self.profile.max_running:
             raise InvalidRequest(f"`n` ({n}) exceeds the {self.profile.max_running} requests this "
                                  "profile runs at once", param="n")
-        streams: list[GenerationStream] = []
-        try:
-            for index in range(n):
-                seeded = dataclasses.replace(params, seed=choice_seed(params.seed, index))
-                streams.append(self.submit(prompt_ids, seeded))
-        except BaseException:
-            for stream in streams:
-                stream.close()
-            raise
+        choices = [dataclasses.replace(params, seed=choice_seed(params.seed, index)) for index in range(n)]
+        return self._submit_group(prompt_ids, choices)
+
+    def _submit_group(self, prompt_ids: list[int], choices: list[SamplingParams]) -> list[GenerationStream]:
+        self._admit(len(choices))
+        self._check_token_ids(choices[0])
+        streams, requests = [], []
+        for params in choices:
+            request_id = f"req-{next(self._ids)}"
+            stream = self._streams[request_id] = GenerationStream(self._close, request_id, len(prompt_ids),
+                                                                  params.max_tokens)
+            streams.append(stream)
+            requests.append(Request(request_id, prompt_ids, self._with_special_stops(params)))
+        self._idle.clear()
+        leader, *followers = requests
+        leader.followers = followers
+        self._worker.submit(leader)
         return streams
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Refuse `logit_bias` ids outside the model's vocabulary (its logits row has no such column)."""
+        runner = self._worker.runner
+        vocab = runner.vocab_size if runner is not None else None
+        wrong = [token for token, _ in params.logit_bias if vocab is not None and not 0 <= token < vocab]
+        if wrong:
+            raise InvalidRequest(f"`logit_bias` names token id {wrong[0]}, outside this model's vocabulary "
+                                 f"of {vocab} ids", param="logit_bias")
 
     def _with_special_stops(self, params: SamplingParams) -> SamplingParams:
         """Stop strings that are one special token also stop as that token.
@@ -338,13 +353,13 @@ class EngineClient:
         """Model load and warm-up (compile included) seconds, once ready."""
         return self._worker.load_seconds, self._worker.warmup_seconds
 
-    def _admit(self) -> None:
+    def _admit(self, count: int = 1) -> None:
         if self.draining:
             raise ShuttingDown("the server is shutting down; retry against its successor")
         if not self.ready.is_set():
             raise Overloaded("the model is still loading", retry_after=5, code="not_ready")
         capacity = self.profile.max_running + self.profile.max_queue
-        if len(self._streams) >= capacity:
+        if len(self._streams) + count > capacity:
             raise Overloaded(
                 f"the server is at capacity ({capacity} requests running or waiting); retry later",
                 retry_after=self._retry_after(),

@@ -50,6 +50,9 @@ class Scheduler:
     batched pass. Only the oldest unfinished prompt is ever split: requests behind it wait
     until it is done, so nobody is overtaken and a long prompt cannot starve. A split never
     leaves a tail of a quarter chunk or less for a pass of its own.
+
+    A request with followers (more choices of its prompt) is admitted only when there are slots
+    for all of them: they are forked from its prefill and `join` the running set then.
     """
 
     def __init__(
@@ -97,8 +100,19 @@ class Scheduler:
     def _prefill_candidates(self) -> Iterator[Request]:
         """Unfinished prompts in arrival order: those already running, then admissible waiters."""
         yield from (r for r in self.running if not r.prefill_done)
-        while self.waiting and len(self.running) < self.max_running:
+        while self.waiting and self.occupied + self.waiting[0].group_size <= self.max_running:
             yield self.waiting[0]  # resumed only once the caller has admitted it
+
+    @property
+    def occupied(self) -> int:
+        """Running slots taken: the running requests', and their followers' still to be forked."""
+        return sum(request.group_size for request in self.running)
+
+    def join(self, follower: Request, leader: Request) -> None:
+        """A follower forked from `leader`'s prefill starts running beside it."""
+        follower.status = RequestStatus.RUNNING
+        follower.queued_seconds = leader.queued_seconds
+        self.running.append(follower)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a completed request out of the running set."""
@@ -107,13 +121,17 @@ class Scheduler:
         request.finish_reason = reason
 
     def abort(self, request_id: str) -> Request | None:
-        """Drop a request wherever it is; returns it, or None if it already left."""
+        """Drop a request wherever it is (a follower not yet forked too); returns it, or None if it
+        already left."""
         for queue in (self.waiting, self.running):
             for request in queue:
                 if request.request_id == request_id:
                     queue.remove(request)
-                    request.status = RequestStatus.ABORTED
-                    return request
+                    return aborted(request)
+                for follower in request.followers:
+                    if follower.request_id == request_id:
+                        request.followers.remove(follower)
+                        return aborted(follower)
         return None
 
     def fail(self, request: Request) -> None:
@@ -126,3 +144,9 @@ class Scheduler:
     def has_work(self) -> bool:
         """True while any request waits or runs."""
         return bool(self.waiting or self.running)
+
+
+def aborted(request: Request) -> Request:
+    """Mark a request dropped from the scheduler as aborted; returns it."""
+    request.status = RequestStatus.ABORTED
+    return request

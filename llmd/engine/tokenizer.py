@@ -33,6 +33,7 @@ from llmd.engine.fim import (
     fit_holes,
     template_layout,
 )
+from llmd.engine.token_bytes import TokenBytes
 from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
@@ -124,6 +125,7 @@ class ChatTokenizer:
         lookup = self._tokenizer.get_vocab().get
         self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
         self.repo = detect_repo_tokens(lookup)
+        self.token_bytes = TokenBytes(self._tokenizer)  # each token's own text and bytes, for logprobs
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:

@@ -124,6 +124,14 @@ class Request:
     prefilled: int = 0
     arrived: float = field(default_factory=time.monotonic)  # submitted (time.monotonic)
     queued_seconds: float | None = None  # arrival → admitted to the running set
+    # More choices of this prompt (`n`): decoded from this request's prefill, each its own request
+    # once forked from it; until then they wait here, outside the scheduler's queues.
+    followers: list[Request] = field(default_factory=list)
+
+    @property
+    def group_size(self) -> int:
+        """Running slots the request needs: its own, and its followers' until they are forked."""
+        return 1 if self.prefill_done else 1 + len(self.followers)
 
     @property
     def prefill_done(self) -> bool:
@@ -170,6 +178,38 @@ class TokenEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RowFailure:
+    """A row of a step that gave no token, and why: its request ends, the step's others go on."""
+
+    message: str
+
+
+Sampled = int | RowFailure  # one row's outcome of a step
+
+
+@dataclass(frozen=True, slots=True)
+class RawScores:
+    """One position's logprobs as the model side computes them: ids and floats, no text yet."""
+
+    token_id: int
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one engine step gave: a token per decoding request, a first token or None per prefill
+    chunk, the first tokens of followers forked from a completed prefill, and the logprobs asked for."""
+
+    tokens: list[Sampled]
+    firsts: list[Sampled | None]
+    forked: list[tuple[Request, Sampled]] = field(default_factory=list)
+    scores: dict[str, RawScores] = field(default_factory=dict)  # by request id, this step's token
+    prompt_scores: dict[str, list[RawScores | None]] = field(default_factory=dict)  # prompts completed
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     """A snapshot of the engine's counters."""
 
@@ -183,14 +223,6 @@ class EngineStats:
     prefix_tokens_reused: int
 
 
-@dataclass(frozen=True, slots=True)
-class RowFailure:
-    """A row of a step that gave no token, and why: its request ends, the step's others go on."""
-
-    message: str
-
-
-Sampled = int | RowFailure  # one row's outcome of a step
 
 
 @dataclass(frozen=True, slots=True)

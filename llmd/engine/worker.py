@@ -19,11 +19,21 @@ from typing import TYPE_CHECKING
 from llmd.config import Profile
 from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
-from llmd.engine.finish import next_text
+from llmd.engine.finish import ended_by_id, next_text
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.retry_after import StepPace
 from llmd.engine.scheduler import Scheduler
-from llmd.engine.types import EngineStats, Request, RowFailure, Sampled, SamplingParams, TokenEvent
+from llmd.engine.types import (
+    EngineStats,
+    FinishReason,
+    Request,
+    RowFailure,
+    Sampled,
+    SamplingParams,
+    StepResult,
+    TokenEvent,
+    TokenLogprobs,
+)
 from llmd.units import mib
 
 if TYPE_CHECKING:
@@ -32,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmd.engine")
 
+PromptLogprobs = tuple[TokenLogprobs | None, ...]
 Delivery = Callable[[list[tuple[str, TokenEvent]]], None]
 WARMUP_TOKENS = 4
 
@@ -236,16 +247,27 @@ class EngineWorker:
 
     def _admit_or_abort(self, item: Request | str) -> None:
         if isinstance(item, Request):
-            assert self.tokenizer is not None
-            self._outputs[item.request_id] = OutputText(
-                self.tokenizer, item.prompt_ids, item.params.stop
-            )
-            assert self.runner is not None
+            assert self.tokenizer is not None and self.runner is not None
+            for request in (item, *item.followers):
+                self._outputs[request.request_id] = OutputText(self.tokenizer, request.prompt_ids,
+                                                               request.params.stop)
             self.runner.reuse_prefix(item)
             self.scheduler.add(item)
-        elif self.scheduler.abort(item) is not None:
+            return
+        aborted = self.scheduler.abort(item)
+        if aborted is not None:
             self._release(item)
             self.aborted += 1
+            self._orphan_followers(aborted)
+
+    def _orphan_followers(self, leader: Request) -> None:
+        """A leader aborted before its prefill was done takes its unforked choices with it: each
+        ends with an error event (a client that abandons a group closes every stream anyway)."""
+        if leader.prefill_done or not leader.followers:
+            return
+        message = "generation failed: the request's first choice was cancelled before its prefill"
+        self.hooks.deliver([(f.request_id, self._end_with_error(f, message)) for f in leader.followers])
+        leader.followers.clear()
 
     def _step(self) -> None:
         assert self.runner is not None
@@ -258,35 +280,50 @@ class EngineWorker:
         started = time.perf_counter()
         try:
             chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
-            tokens, firsts = self.runner.step(plan.decode, chunks)
+            result = self.runner.step(plan.decode, chunks)
         except Exception as exc:  # one failed forward pass must not end the daemon
             log.exception("engine step failed")
-            self._fail(plan.decode + [chunk.request for chunk in plan.prefill], exc, events)
+            prefilling = [r for chunk in plan.prefill for r in (chunk.request, *chunk.request.followers)]
+            self._fail(plan.decode + prefilling, exc, events)
         else:
-            for request, token in zip(plan.decode, tokens, strict=True):
-                events.append((request.request_id, self._outcome(request, token)))
-            for chunk, first in zip(plan.prefill, firsts, strict=True):
-                if first is not None:
-                    events.append((chunk.request.request_id, self._outcome(chunk.request, first)))
+            self._collect(plan.decode, [chunk.request for chunk in plan.prefill], result, events)
         self.heartbeat.step_finished()
         if plan.decode:  # each running stream waited this long for its token
             self.pace.observe(time.perf_counter() - started)
         self.steps += 1
         self.hooks.deliver(events)
 
-    def _outcome(self, request: Request, token: Sampled) -> TokenEvent:
+    def _collect(self, decode: list[Request], prefilled: list[Request], result: StepResult,
+                 events: list[tuple[str, TokenEvent]]) -> None:
+        """The step's events: the decoding rows', then each completed prompt's first token and
+        right after it its forked choices' (in choice order), each joining the running set."""
+        forked = {follower.request_id: token for follower, token in result.forked}
+        for request, token in zip(decode, result.tokens, strict=True):
+            events.append((request.request_id, self._outcome(request, token, result)))
+        for request, first in zip(prefilled, result.firsts, strict=True):
+            if first is None:
+                continue
+            events.append((request.request_id, self._outcome(request, first, result)))
+            followers, request.followers = request.followers, []
+            for follower in followers:
+                token = forked.get(follower.request_id, RowFailure("its first choice could not be sampled"))
+                self.scheduler.join(follower, request)
+                events.append((follower.request_id, self._outcome(follower, token, result)))
+
+    def _outcome(self, request: Request, token: Sampled, result: StepResult) -> TokenEvent:
         """The event of one row of a step: its token, or the error that ends this request alone."""
         if isinstance(token, RowFailure):
             log.error("request %s failed: %s", request.request_id, token.message)
             return self._end_with_error(request, f"generation failed: {token.message}")
-        return self._advance(request, token)
+        return self._advance(request, token, result)
 
-    def _advance(self, request: Request, token: int) -> TokenEvent:
+    def _advance(self, request: Request, token: int, result: StepResult) -> TokenEvent:
         request.output_ids.append(token)
         self.generated_tokens += 1
         step = next_text(self._outputs[request.request_id], token, len(request.output_ids),
                          request.params, self.eos_token_ids)
         text, reason = step.text, step.finish_reason
+        logprobs = self._logprobs(request, token, reason, result)
         if reason is not None:
             self.scheduler.finish(request, reason)
             self._outputs.pop(request.request_id, None)
@@ -294,13 +331,36 @@ class EngineWorker:
             self.runner.retire(request)
             self.finished += 1
         queued = request.queued_seconds if len(request.output_ids) == 1 else None
-        return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued)
+        return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued, logprobs=logprobs,
+                          prompt_logprobs=self._prompt_logprobs(request, result))
+
+    def _logprobs(self, request: Request, token: int, reason: FinishReason | None,
+                  result: StepResult) -> TokenLogprobs | None:
+        """The token's logprobs with their text, when asked; none for an id that ended the request
+        (EOS, a stop id: its text is not part of the output)."""
+        scores = result.scores.get(request.request_id)
+        if scores is None or ended_by_id(token, len(request.output_ids), request.params, self.eos_token_ids,
+                                         reason):
+            return None
+        assert self.tokenizer is not None
+        return self.tokenizer.token_bytes.token_logprobs(scores)
+
+    def _prompt_logprobs(self, request: Request, result: StepResult) -> PromptLogprobs | None:
+        """A scored prompt's logprobs with their text, on its first event."""
+        scores = result.prompt_scores.get(request.request_id)
+        if scores is None or len(request.output_ids) != 1:
+            return None
+        assert self.tokenizer is not None
+        pieces = self.tokenizer.token_bytes
+        return tuple(None if position is None else pieces.token_logprobs(position) for position in scores)
 
     def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"
         for request in requests:
             events.append((request.request_id, self._end_with_error(request, message)))
-        if self.runner is not None and self.runner.out_of_memory(exc):
+        from llmd.engine.model.runner import out_of_memory
+
+        if out_of_memory(exc):
             log.error("out of memory: lower max_running or max_context in the profile")
 
     def _end_with_error(self, request: Request, message: str) -> TokenEvent:

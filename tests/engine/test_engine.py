@@ -19,13 +19,13 @@ from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sampling import sample
 from llmd.engine.tokenizer import ChatTokenizer
-from llmd.engine.types import Request, Sampled, SamplingParams
+from llmd.engine.types import Request, SamplingParams, StepResult
 from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 from tests.helpers.engine import PROMPT, greedy, record_logits, run_with_engine, staggered_batch, text_of
 
 T = TypeVar("T")
-StepOutcomes = tuple[list[Sampled], list[Sampled | None]]  # what `ModelRunner.step` returns
+
 
 
 def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_failing_step_ends_only_its_requests_and_the_engine_keeps_serving(
         real_step = runner.step
         calls = {"n": 0}
 
-        def flaky(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepOutcomes:
+        def flaky(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepResult:
             calls["n"] += 1
             if calls["n"] == 3:
                 raise RuntimeError("simulated device fault")
@@ -349,7 +349,8 @@ def test_fused_steps_equal_each_request_alone(
         stops = [*range(joining.prefilled + 9, len(joining.prompt_ids), 9), len(joining.prompt_ids)]
         for stop in stops:  # each chunk shares a pass with a decode step of everyone running
             passes.clear()
-            decoded, firsts = runner.step(running, [(joining, stop)])
+            step = runner.step(running, [(joining, stop)])
+            decoded, firsts = step.tokens, step.firsts
             assert len(passes) == 1
             for request, token in zip(running, decoded, strict=True):
                 tokens[request.request_id].append(token)
@@ -361,7 +362,7 @@ def test_fused_steps_equal_each_request_alone(
             running = [r for r in running if r.request_id != "f1"]
     assert runner.prefix_cache.hits >= 4
     for _ in range(3):
-        for request, token in zip(running, runner.step(running, [])[0], strict=True):
+        for request, token in zip(running, runner.step(running, []).tokens, strict=True):
             tokens[request.request_id].append(token)
     batched = {k: list(v) for k, v in seen.items()}
     for request in running:
@@ -465,10 +466,12 @@ def test_an_end_of_sequence_token_finishes_with_stop_and_adds_no_text(
         real_step = runner.step
         calls = {"n": 0}
 
-        def ends_soon(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepOutcomes:
-            tokens, firsts = real_step(decode, chunks)
-            calls["n"] += len(tokens)
-            return ([eos] * len(tokens) if calls["n"] == 3 else tokens), firsts
+        def ends_soon(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepResult:
+            result = real_step(decode, chunks)
+            calls["n"] += len(result.tokens)
+            if calls["n"] == 3:
+                result.tokens = [eos] * len(result.tokens)
+            return result
 
         monkeypatch.setattr(runner, "step", ends_soon)
         prompt = await engine.encode_chat(PROMPT)

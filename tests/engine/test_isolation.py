@@ -100,7 +100,8 @@ def test_a_row_that_fails_to_sample_ends_alone_in_a_decode_step(tiny_model: Path
     poisoned = Request("poisoned", texts[STREAMS], seeded(STREAMS, POISONED))
     running = start_streams(runner, texts, poisoned, tokens)
     for _ in range(9):
-        decoded, _ = runner.step(running, [])
+        step = runner.step(running, [])
+        decoded = step.tokens
         running = collect(runner, tokens, running, decoded)
     assert [type(t) for t in tokens["poisoned"]] == [int, int, int, RowFailure]
     assert "nan" in tokens["poisoned"][-1].message  # type: ignore[union-attr]
@@ -120,15 +121,16 @@ def test_a_row_that_fails_to_sample_ends_alone_in_a_fused_step(tiny_model: Path,
                        seeded(STREAMS + 1, POISONED if fails == "joining" else 20))
     poisoned = Request("poisoned", texts[STREAMS], seeded(STREAMS, POISONED)) if fails == "decoding" else None
     running = start_streams(runner, texts, poisoned, tokens)
-    running = collect(runner, tokens, running, runner.step(running, [])[0])
+    running = collect(runner, tokens, running, runner.step(running, []).tokens)
     tokens[newcomer.request_id] = []
     for stop in [*range(9, len(newcomer.prompt_ids), 9), len(newcomer.prompt_ids)]:
-        decoded, firsts = runner.step(running, [(newcomer, stop)])
+        step = runner.step(running, [(newcomer, stop)])
+        decoded, firsts = step.tokens, step.firsts
         running = collect(runner, tokens, running, decoded)
         if firsts[0] is not None:
             running += collect(runner, tokens, [newcomer], [firsts[0]])
     for _ in range(3):
-        running = collect(runner, tokens, running, runner.step(running, [])[0])
+        running = collect(runner, tokens, running, runner.step(running, []).tokens)
     assert isinstance(tokens["poisoned"][-1], RowFailure)
     assert all(isinstance(t, int) for t in tokens["poisoned"][:-1])
     assert "poisoned" not in [r.request_id for r in running]

@@ -50,14 +50,15 @@ def test_staggered_chunked_and_reused_requests_decode_as_generate_does_alone(
         runner.reuse_prefix(joining)
         stops = [*range(joining.prefilled + 8, len(joining.prompt_ids), 8), len(joining.prompt_ids)]
         for stop in stops:
-            decoded, firsts = runner.step(running, [(joining, stop)])
+            step = runner.step(running, [(joining, stop)])
+            decoded, firsts = step.tokens, step.firsts
             for request, token in zip(running, decoded, strict=True):
                 tokens[request.request_id].append(token)
             if firsts[0] is not None:
                 tokens[joining.request_id].append(firsts[0])
         running.append(joining)
     while min(len(t) for t in tokens.values()) < new_tokens:
-        for request, token in zip(running, runner.step(running, [])[0], strict=True):
+        for request, token in zip(running, runner.step(running, []).tokens, strict=True):
             tokens[request.request_id].append(token)
     assert runner.prefix_cache.hits == 2
     for k, prompt in enumerate(prompts):

@@ -21,7 +21,7 @@ import llmd
 MODEL_SIDE = {
     *(f"llmd.engine.model.{name}" for name in (
         "attention", "batch", "dynamic_batch", "layer_walk", "loader", "onednn", "prefill",
-        "prefix_cache", "request_cache", "probes", "runner", "sampling", "sdpa", "static_batch",
+        "prefix_cache", "request_cache", "probes", "runner", "sampling", "sdpa", "sequences", "static_batch",
         "threads", "timing",
     )),
     "llmd.engine.tokenizer",

@@ -124,3 +124,40 @@ def test_step_budget_is_never_below_the_chunk_budget() -> None:
 
 def test_idle_plan_when_nothing_is_queued() -> None:
     assert Scheduler(max_running=3, prefill_chunk_tokens=8).schedule().idle
+
+
+def group(name: str, followers: int, prompt_tokens: int = 3) -> Request:
+    """A request with `followers` more choices of its prompt."""
+    leader = request(name, prompt_tokens)
+    leader.followers = [request(f"{name}{k}", prompt_tokens) for k in range(1, followers + 1)]
+    return leader
+
+
+def test_a_group_is_admitted_only_when_every_choice_has_a_slot() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=4, max_step_tokens=100)
+    scheduler.add(request("a"))
+    scheduler.add(request("b"))
+    scheduler.add(group("g", followers=2))
+    run_chunks(scheduler.schedule())
+    assert ids(scheduler.running) == ["a", "b"] and scheduler.occupied == 2  # g needs 3 slots
+    scheduler.finish(scheduler.running[0], FinishReason.STOP)
+    plan = scheduler.schedule()
+    assert scheduler.occupied == 4  # the followers' slots are held while the leader prefills
+    assert run_chunks(plan) == [("g", 0, 3, True)]
+    leader = scheduler.running[-1]
+    for follower in leader.followers:
+        scheduler.join(follower, leader)
+    leader.followers = []
+    assert ids(scheduler.running) == ["b", "g", "g1", "g2"] and scheduler.occupied == 4
+    assert all(r.status is RequestStatus.RUNNING for r in scheduler.running)
+
+
+def test_a_follower_aborted_before_its_fork_leaves_its_group() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=4, max_step_tokens=100)
+    leader = group("g", followers=2)
+    scheduler.add(leader)
+    dropped = scheduler.abort("g1")
+    assert dropped is not None and dropped.status is RequestStatus.ABORTED
+    assert ids(leader.followers) == ["g2"] and ids(list(scheduler.waiting)) == ["g"]
+    assert scheduler.abort("g1") is None
+    assert scheduler.abort("g") is leader and not scheduler.has_work

@@ -47,3 +47,14 @@ def sync_lengths(cache: DynamicCache) -> None:
     for layer in cache_layers(cache):
         if hasattr(layer, "cumulative_length") and getattr(layer, "is_initialized", False):
             layer.cumulative_length = int(layer.keys.shape[-2])
+
+
+def shared_cache(config: Any, cache: DynamicCache) -> DynamicCache:
+    """A second cache over the same keys and values (no copy): a forked choice's, from its leader's.
+
+    Safe to share: a DynamicCache replaces its tensors as it grows and the batches copy or
+    concatenate them, so neither owner's writes reach the other.
+    """
+    twin = new_cache(config)
+    fill_cache(twin, [(layer.keys, layer.values) for layer in cache_layers(cache)])
+    return twin

@@ -19,14 +19,15 @@ from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.loader import DTYPES, generation_eos_ids, load_model, model_context_limit
-from llmd.engine.model.prefill import prefill_padded
+from llmd.engine.model.prefill import prefill_chunk, prefill_padded, prefill_scored
 from llmd.engine.model.prefix_cache import PrefixCache
 from llmd.engine.model.probes import prove_fast_paths
-from llmd.engine.model.request_cache import Layers, new_cache
-from llmd.engine.model.sampling import Sampler, SequenceState, accept, token_or_raise, usable_rows
+from llmd.engine.model.request_cache import Layers, new_cache, shared_cache
+from llmd.engine.model.sampling import Sampler, token_or_raise, usable_rows
+from llmd.engine.model.sequences import Sequences
 from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
 from llmd.engine.model.threads import IntraOpThreads, ThreadPlan
-from llmd.engine.types import Request, Sampled
+from llmd.engine.types import Request, Sampled, StepResult
 
 log = logging.getLogger("llmd.engine")
 
@@ -44,7 +45,7 @@ class ModelRunner:
         self.vocab_size = int(self.model.config.vocab_size)
         self.eos_token_ids = generation_eos_ids(self.model)
         self.context_limit = model_context_limit(self.model, profile)
-        self._sequences: dict[str, SequenceState] = {}
+        self.sequences = Sequences(self.vocab_size, self.device)
         self._batch: DecodeBatch = open_batch(self.model, profile, self.context_limit)
         self._prefilling: dict[str, DynamicCache] = {}
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
@@ -73,17 +74,18 @@ class ModelRunner:
         (or why there is none); an earlier chunk returns None.
         """
         stop = len(request.prompt_ids) if upto is None else upto
-        cache = self._own_cache(request)
-        chunk = request.prompt_ids[request.prefilled : stop]
-        ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
-        positions = torch.arange(request.prefilled, stop, device=self.device).unsqueeze(0)
+        cache, top = self._own_cache(request), request.params.prompt_logprobs
         self._use_threads(stop - request.prefilled)
-        out = self.model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1)
+        if top is None:
+            last = prefill_chunk(self.model, cache, request.prompt_ids, request.prefilled, stop)
+        else:  # its logprobs asked: every position's logits, the first token's None
+            last, scores = prefill_scored(self.model, cache, request.prompt_ids, request.prefilled, stop, top)
+            self.sequences.prompt_scores(request.request_id).extend(scores)
         request.prefilled = stop
         if not request.prefill_done:
             return None
         del self._prefilling[request.request_id]
-        return self._start_decoding(request, cache, out.logits[0, -1])
+        return self._start_decoding(request, cache, last)
 
     def prefill_many(self, chunks: list[tuple[Request, int]]) -> list[Sampled | None]:
         """Prefill several requests' chunks; returns each one's first token or None.
@@ -92,10 +94,8 @@ class ModelRunner:
         one batch: a burst of newcomers costs one forward pass instead of one each. Anything
         else (a split prompt, a reused prefix) runs on its own.
         """
-        fresh = [
-            request for request, stop in chunks
-            if request.prefilled == 0 and stop == len(request.prompt_ids)
-        ]
+        fresh = [r for r, stop in chunks
+                 if r.prefilled == 0 and stop == len(r.prompt_ids) and r.params.prompt_logprobs is None]
         together = self._prefill_together(fresh) if len(fresh) > 1 else {}
         return [
             together[request.request_id] if request.request_id in together else self.prefill(request, stop)
@@ -119,13 +119,24 @@ class ModelRunner:
         """A fully prefilled request: sample token one, then remember its prompt and join the batch.
 
         A request whose first token fails does neither: its cache may hold what broke its logits.
+        Its followers (more choices of the prompt) are forked from the same cache and logits.
         """
-        state = SequenceState.start(request.params, request.prompt_ids, self.vocab_size, self.device,
-                                    self.eos_token_ids)
-        token = accept(state, request.params, logits, usable_rows(logits.unsqueeze(0))[0], self.sampler)
+        usable = usable_rows(logits.unsqueeze(0))[0]
+        token = self._begin(request, cache, logits, usable)
+        forked = list(request.followers) if isinstance(token, int) else []
         if isinstance(token, int):
             self.prefix_cache.store(request.prompt_ids, cache)
-            self._sequences[request.request_id] = state
+            for follower in forked:
+                follower.prefilled = len(follower.prompt_ids)
+                twin = shared_cache(self.model.config, cache)
+                self.sequences.result.forked.append((follower, self._begin(follower, twin, logits, usable)))
+        self.sequences.prompt_scored(request, forked)
+        return token
+
+    def _begin(self, request: Request, cache: DynamicCache, logits: torch.Tensor, usable: bool) -> Sampled:
+        """Sample a prefilled request's first token; it joins the batch unless that failed."""
+        token = self.sequences.begin(request, logits, usable, self.sampler, self.eos_token_ids)
+        if isinstance(token, int):
             self._batch.join(request.request_id, cache)
         return token
 
@@ -136,7 +147,9 @@ class ModelRunner:
         before the scheduler plans the request's prefill chunks.
         """
         if request.request_id not in self._prefilling:
-            request.prefilled = self.prefix_cache.seed(request.prompt_ids, self._own_cache(request))
+            cache = self._own_cache(request)
+            if request.params.prompt_logprobs is None:  # a scored prompt computes every position
+                request.prefilled = self.prefix_cache.seed(request.prompt_ids, cache)
         return self._prefilling[request.request_id]
 
     def _own_cache(self, request: Request) -> DynamicCache:
@@ -156,33 +169,38 @@ class ModelRunner:
         assert token is not None
         return token_or_raise(token)
 
-    def step(
-        self, decode: list[Request], chunks: list[tuple[Request, int]]
-    ) -> tuple[list[Sampled], list[Sampled | None]]:
+    def step(self, decode: list[Request], chunks: list[tuple[Request, int]]) -> StepResult:
         """One engine step: a token for each of `decode`, then the prefill of `chunks`.
 
-        Returns `decode`'s tokens and, per chunk, the first token or None (as `prefill_many`);
-        a row whose token could not be sampled gives a `RowFailure` and the others are unaffected.
+        The result holds `decode`'s tokens and, per chunk, the first token or None (as
+        `prefill_many`), with followers forked and logprobs asked; a row whose token could not be
+        sampled gives a `RowFailure` and the others are unaffected. A scored prompt (its logprobs
+        asked) is prefilled on its own, after the rest.
         With `fused`, both halves go through the model as one pass: a step that prefilled a
         64-token chunk next to 7 decoding streams cost 25-27 ms as two passes on the small demo
         model, most of it the fixed cost of a pass (a 1-token prefill alone takes 8 ms).
         """
-        if self._fused is None or not (decode and chunks):
-            return self._decode(decode), self.prefill_many(chunks)
-        return self._fused_step(self._fused, decode, chunks)
+        result = self.sequences.start_step()
+        plain = [chunk for chunk in chunks if chunk[0].params.prompt_logprobs is None]
+        if self._fused is None or not (decode and plain):
+            result.tokens, firsts = self._decode(decode), self.prefill_many(plain)
+        else:
+            result.tokens, firsts = self._fused_step(self._fused, decode, plain)
+        done = dict(zip((request.request_id for request, _ in plain), firsts, strict=True))
+        result.firsts = [done.get(request.request_id) if request.request_id in done
+                         else self.prefill(request, stop) for request, stop in chunks]
+        return result
 
     @torch.inference_mode()
     def _fused_step(
         self, batch: StaticDecodeBatch, requests: list[Request], chunks: list[tuple[Request, int]]
     ) -> tuple[list[Sampled], list[Sampled | None]]:
-        rows, states = self._running(requests)
+        rows = self._running(requests)
         inputs = [PrefillInput(request.prompt_ids[request.prefilled : stop], request.prefilled,
                                self._own_cache(request)) for request, stop in chunks]
         self._use_threads(batch.rows + sum(len(chunk.token_ids) for chunk in inputs))
-        logits, chunk_logits = batch.step_with_prefill(
-            [s.last_token for s in states], [s.position for s in states], inputs
-        )
-        tokens = self._accept_rows(rows, states, requests, logits)
+        logits, chunk_logits = batch.step_with_prefill(*self.sequences.inputs(rows), inputs)
+        tokens = self.sequences.accept_rows(rows, requests, logits, self.sampler)
         firsts: list[Sampled | None] = []
         for (request, stop), last in zip(chunks, chunk_logits, strict=True):
             request.prefilled = stop
@@ -205,28 +223,16 @@ class ModelRunner:
     def _decode(self, requests: list[Request]) -> list[Sampled]:
         if not requests:
             return []
-        rows, states = self._running(requests)
+        rows = self._running(requests)
         self._use_threads(self._batch.rows)  # compiled: every slot, so one thread count per graph
-        logits = self._batch.step([s.last_token for s in states], [s.position for s in states])
-        return self._accept_rows(rows, states, requests, logits)
+        logits = self._batch.step(*self.sequences.inputs(rows))
+        return self.sequences.accept_rows(rows, requests, logits, self.sampler)
 
-    def _running(self, requests: list[Request]) -> tuple[list[str], list[SequenceState]]:
-        """The batch's rows and their states; `requests` must be exactly the running set."""
+    def _running(self, requests: list[Request]) -> list[str]:
+        """The batch's rows; `requests` must be exactly the running set."""
         rows = self._batch.request_ids
         assert sorted(r.request_id for r in requests) == sorted(rows), "decode set != running batch"
-        return rows, [self._sequences[request_id] for request_id in rows]
-
-    def _accept_rows(
-        self, rows: list[str], states: list[SequenceState], requests: list[Request], logits: torch.Tensor
-    ) -> list[Sampled]:
-        """Sample each batch row's next token; returned in `requests` order."""
-        params = {request.request_id: request.params for request in requests}
-        usable = usable_rows(logits)
-        tokens: dict[str, Sampled] = {}
-        for row, (request_id, state) in enumerate(zip(rows, states, strict=True)):
-            state.position += 1
-            tokens[request_id] = accept(state, params[request_id], logits[row], usable[row], self.sampler)
-        return [tokens[request.request_id] for request in requests]
+        return rows
 
     def warm_up_decode(self) -> float:
         """Compile and run the static decode step before serving; its seconds (0 when dynamic)."""
@@ -259,13 +265,13 @@ class ModelRunner:
         A failed request's keys and values may be non-finite: its slot is zeroed, not left stale.
         """
         self._prefilling.pop(request_id, None)
-        if self._sequences.pop(request_id, None) is not None:
+        if self.sequences.drop(request_id):
             self._batch.leave(request_id, scrub=failed)
 
     @property
     def active_sequences(self) -> int:
         """How many requests hold a KV cache right now (decoding or mid-prefill)."""
-        return len(self._sequences) + len(self._prefilling)
+        return len(self.sequences) + len(self._prefilling)
 
     def gpu_memory(self) -> tuple[int, int] | None:
         """(reserved, total) bytes of the CUDA allocator; host-side counters, no device sync."""
@@ -274,10 +280,10 @@ class ModelRunner:
         total = torch.cuda.get_device_properties(self.device).total_memory
         return torch.cuda.memory_reserved(self.device), total
 
-    @staticmethod
-    def out_of_memory(exc: BaseException) -> bool:
-        """Whether a failed step ran out of device memory."""
-        return isinstance(exc, torch.OutOfMemoryError)
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether a failed step ran out of device memory."""
+    return isinstance(exc, torch.OutOfMemoryError)
 
 
 def open_batch(model: PreTrainedModel, profile: Profile, capacity: int) -> DecodeBatch:

@@ -4,10 +4,12 @@ Each decoding request keeps a `SequenceState` (its seeded generator, the counts 
 read, its last token and position) between steps; `accept` samples a row and advances it. A
 row that cannot be sampled becomes a `RowFailure`: that request ends, the step's others go on.
 
-The order, as vLLM's: `min_tokens` masks the ids that would end the request, then
-`repetition_penalty`, presence and frequency penalties, then greedy argmax or temperature,
+The order, as vLLM's: `min_tokens` masks the ids that would end the request, `logit_bias` is
+added, then `repetition_penalty`, presence and frequency penalties, then greedy argmax or temperature,
 `min_p`, `top_k`, `top_p`. An option left at its default costs no tensor work: its state is
 None and its step is skipped.
+
+Logprobs (`score`, `score_rows`) are taken from the model's raw logits, before all of that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from llmd.engine.types import RowFailure, Sampled, SamplingParams
+from llmd.engine.types import RawScores, RowFailure, Sampled, SamplingParams
 from llmd.errors import EngineFailure
 
 log = logging.getLogger("llmd.engine")
@@ -52,6 +54,7 @@ class SequenceState:
     position: int
     seen: torch.Tensor | None = None
     held_back: torch.Tensor | None = None
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # `logit_bias`: ids and their values
     generated: int = 0
 
     @classmethod
@@ -65,7 +68,8 @@ class SequenceState:
                    token_counts=new_token_counts(params, vocab_size, device),
                    last_token=-1, position=len(prompt_ids),
                    seen=new_seen(params, prompt_ids, vocab_size, device),
-                   held_back=new_held_back(params, end_ids, vocab_size, device))
+                   held_back=new_held_back(params, end_ids, vocab_size, device),
+                   bias=new_bias(params, device))
 
 
 def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -103,6 +107,18 @@ def new_held_back(params: SamplingParams, end_ids: frozenset[int], vocab_size: i
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
+def new_bias(params: SamplingParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`logit_bias` as (ids, values) tensors, ready to add to a row; None without it.
+
+    The ids are the client's, checked against the vocabulary at submission.
+    """
+    if not params.logit_bias:
+        return None
+    ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long, device=device)
+    values = torch.tensor([value for _, value in params.logit_bias], dtype=torch.float32, device=device)
+    return ids, values
+
+
 def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, usable: bool,
            sampler: Sampler | None) -> Sampled:
     """Sample one row and advance its state; a row that cannot be sampled fails alone.
@@ -126,17 +142,19 @@ def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, u
 
 
 def steer(state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> torch.Tensor:
-    """The row with what depends on the sequence so far: `min_tokens`' mask, `repetition_penalty`.
+    """The row with what is the request's own: `min_tokens`' mask, `logit_bias`, `repetition_penalty`.
 
-    Returned as given (no tensor work) for a request that uses neither.
+    Returned as given (no tensor work) for a request that uses none of them.
     """
     holding = state.held_back is not None and state.generated < params.min_tokens
-    if not holding and state.seen is None:
+    if not holding and state.seen is None and state.bias is None:
         return logits
     logits = logits.float().clamp(-LOGIT_BOUND, LOGIT_BOUND)
     if holding:
         assert state.held_back is not None
         logits = logits.index_fill(0, state.held_back, float("-inf"))
+    if state.bias is not None:
+        logits = logits.index_add(0, *state.bias)
     if state.seen is not None:
         logits = apply_repetition_penalty(logits, state.seen, params.repetition_penalty)
     return logits
@@ -226,3 +244,23 @@ def keep_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted[0] = False  # also when top_p rounds to 0 in float32 (below ~7e-46)
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def score(logits: torch.Tensor, token: int, top: int) -> RawScores:
+    """`token`'s logprob in one row of raw logits and the row's `top` likeliest tokens."""
+    return score_rows(logits.unsqueeze(0), [token], top)[0]
+
+
+def score_rows(logits: torch.Tensor, tokens: list[int], top: int) -> list[RawScores]:
+    """Per row of (rows, vocab) raw logits: its token's logprob (`log_softmax`, float32) and the
+    `top` likeliest tokens, most likely first. One device sync for all rows."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)).squeeze(1).tolist()
+    if top == 0:
+        return [RawScores(token, value) for token, value in zip(tokens, chosen, strict=True)]
+    values, ids = torch.topk(logprobs, min(top, logprobs.shape[-1]), dim=-1)
+    rows = zip(tokens, chosen, ids.tolist(), values.tolist(), strict=True)
+    return [
+        RawScores(token, value, tuple(top_ids), tuple(top_values))
+        for token, value, top_ids, top_values in rows
+    ]
