@@ -3,8 +3,10 @@
 Per repeat: a fresh file of about `--file-tokens` tokens; one cold request on it, awaited
 (the user opened the file and paused); then an edit every `--edit-interval-ms`, each sending
 a streamed `/v1/completions` request and closing the previous one's connection if it still
-streams, as Continue and llama.vscode do. The run ends one interval after the last edit,
-closing what still streams. `/stats` is read around the edits (prefix-cache hits) and
+streams, as Continue and llama.vscode do. With `--pause-every N` the user stops after every N
+edits until the pending suggestion's first token shows (at most `--pause-max-ms`), as one does
+at the end of a word, then types on. The run ends one interval after the last edit, closing
+what still streams. `/stats` is read around the edits (prefix-cache hits) and
 polled afterwards until nothing runs or waits.
 """
 
@@ -42,6 +44,7 @@ STOP = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "
         "<|repo_name|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>", "\n\n", "\r\n\r\n", "```"]
 CHARS_PER_TOKEN_GUESS = 3.5  # code in a byte-level BPE; only the first probe's size
 DRAIN_POLL_S = 0.05
+PAUSE_POLL_S = 0.005
 FIM_FORMS = ("client", "server")
 
 
@@ -99,15 +102,32 @@ class FimSession:
         return int(usage["prompt_tokens"])
 
 
+@dataclass(frozen=True, slots=True)
+class Typing:
+    """The user's pace: an edit every `interval` seconds; after every `pause_every` edits (0:
+    never) a pause until the suggestion's first token shows, at most `pause_max` seconds."""
+
+    interval: float
+    pause_every: int = 0
+    pause_max: float = 0.0
+
+    def pauses_before(self, index: int) -> bool:
+        """Whether the user pauses before edit `index` (0-based)."""
+        return self.pause_every > 0 and index > 0 and index % self.pause_every == 0
+
+
 async def run_edits(
-    session: FimSession, documents: Sequence[Document], interval: float
+    session: FimSession, documents: Sequence[Document], typing: Typing
 ) -> list[EditResult]:
-    """One request per document, sent `interval` apart on a fixed schedule; each still
-    streaming when the next is due is closed first, and the last one interval on."""
+    """One request per document, sent `typing.interval` apart on a fixed schedule (restarted after
+    each pause); each still streaming when the next is due is closed first, the last one interval on."""
     edits: list[EditResult] = []
     task: asyncio.Task[None] | None = None
-    start = time.perf_counter()
+    interval, start = typing.interval, time.perf_counter()
     for index, document in enumerate(documents):
+        if task is not None and typing.pauses_before(index):
+            await _first_token_or_end(task, edits[-1].stream, typing.pause_max)
+            start = time.perf_counter() - index * interval
         await _sleep_until(start + index * interval)
         if task is not None:
             await _close(task, edits[-1])
@@ -117,6 +137,13 @@ async def run_edits(
     if task is not None:
         await _close(task, edits[-1])
     return edits
+
+
+async def _first_token_or_end(task: asyncio.Task[None], stream: StreamResult, bound: float) -> None:
+    """Wait (polling: this is the bench's client) until `stream` shows text or ends, at most `bound` s."""
+    deadline = time.perf_counter() + bound
+    while not task.done() and not stream.chunk_times and time.perf_counter() < deadline:
+        await asyncio.sleep(PAUSE_POLL_S)
 
 
 async def _sleep_until(moment: float) -> None:
@@ -180,7 +207,7 @@ class EditPlan:
     seed: int
     nonce: int
     edits: int
-    interval: float
+    typing: Typing
 
     def document(self, number: int) -> Document:
         """Fresh file `number`: its own seed, and a tag unique to the run and the file first,
@@ -204,7 +231,7 @@ async def measure_repeat(
     before_cold = await stats.read()
     cold = await session.complete(document)
     before = await stats.read()
-    edits = await run_edits(session, documents, plan.interval)
+    edits = await run_edits(session, documents, plan.typing)
     drain = await stats.drain(drain_bound)
     after = await stats.read()
     return summarize_edits(repeat, cold, edits, (before, after), drain, before_cold)
@@ -212,7 +239,7 @@ async def measure_repeat(
 
 async def calibrate(session: FimSession, target: int, seed: int, notes: list[str]) -> float:
     """Tokens per character of the synthetic file, as the server counts its prompt."""
-    guess = EditPlan(target, 1 / CHARS_PER_TOKEN_GUESS, seed, 0, 0, 0.0).document(0)
+    guess = EditPlan(target, 1 / CHARS_PER_TOKEN_GUESS, seed, 0, 0, Typing(0.0)).document(0)
     try:
         tokens = await session.prompt_tokens(guess)
     except (BenchError, OSError, TimeoutError, ValueError) as exc:
@@ -241,8 +268,8 @@ async def bench_autocomplete(args: argparse.Namespace) -> AutocompleteReport:
 
 async def _plan(session: FimSession, args: argparse.Namespace, notes: list[str]) -> EditPlan:
     rate = await calibrate(session, args.file_tokens, args.seed, notes)
-    plan = EditPlan(args.file_tokens, rate, args.seed, secrets.randbelow(10_000),
-                    args.edits, args.edit_interval_ms / 1000)
+    typing = Typing(args.edit_interval_ms / 1000, args.pause_every, args.pause_max_ms / 1000)
+    plan = EditPlan(args.file_tokens, rate, args.seed, secrets.randbelow(10_000), args.edits, typing)
     for number in range(args.warmup):  # fresh files numbered past the repeats'
         await session.complete(plan.document(args.repeats + 1 + number))
     return plan
@@ -264,7 +291,7 @@ def _report(args: argparse.Namespace, base_url: str, model: str, notes: list[str
     return AutocompleteReport(
         workload="autocomplete", target=base_url, model=model, fim=args.fim,
         file_tokens_requested=args.file_tokens, edits=args.edits,
-        edit_interval_ms=args.edit_interval_ms, max_tokens=args.max_tokens,
+        edit_interval_ms=args.edit_interval_ms, pause_every=args.pause_every, max_tokens=args.max_tokens,
         temperature=args.temperature, stop=list(STOP), warmup=args.warmup,
         repeats=args.repeats, notes=notes, runs=runs, medians=run_medians(runs),
     )

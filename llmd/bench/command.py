@@ -90,6 +90,11 @@ def _add_autocomplete_arguments(parser: argparse.ArgumentParser) -> None:
         help="autocomplete: edits (one request each) per repeat (default: 100)")
     add("--edit-interval-ms", type=_positive_float, default=150.0,
         help="autocomplete: time between edits (default: 150)")
+    add("--pause-every", type=_non_negative_int, default=0,
+        help="autocomplete: pause after every N edits until the suggestion's first token shows "
+             "(default: 0, never)")
+    add("--pause-max-ms", type=_positive_float, default=5000.0,
+        help="autocomplete: longest pause (default: 5000)")
     add("--file-tokens", type=_positive_int, default=1500,
         help="autocomplete: size of the edited file (default: 1500)")
     add("--fim", choices=FIM_FORMS, default="client",

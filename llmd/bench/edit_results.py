@@ -195,6 +195,7 @@ class AutocompleteReport:
     file_tokens_requested: int
     edits: int
     edit_interval_ms: float
+    pause_every: int  # 0: the user never pauses
     max_tokens: int
     temperature: float
     stop: list[str]

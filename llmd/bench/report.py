@@ -123,7 +123,8 @@ def format_autocomplete_table(report: AutocompleteReport) -> str:
     label_width = max([len("run"), *(len(row[0]) for row in rows)]) + 1
     lines = [
         f"llmd bench autocomplete  {report.target}  model {report.model}",
-        f"{report.edits} edit(s) every {report.edit_interval_ms:g} ms on a "
+        f"{report.edits} edit(s) every {report.edit_interval_ms:g} ms"
+        f"{f', a pause after every {report.pause_every}' if report.pause_every else ''} on a "
         f"{report.file_tokens_requested}-token file, FIM {report.fim}, max_tokens "
         f"{report.max_tokens}, {len(report.stop)} stop strings, temperature {report.temperature:g}",
         "times in ms; TTFT of kept edits (first token before the next edit); supsd = closed "

@@ -417,6 +417,15 @@ def test_autocomplete_closes_superseded_requests(fake: Served, capsys: Capture) 
     assert report["medians"]["prefix_hit_rate"] == 1.0
 
 
+def test_autocomplete_pauses_until_the_suggestion_shows(fake: Served, capsys: Capture) -> None:
+    code, report = _autocomplete(capsys, fake, "--model", "fake-stall", "--edits", "6",
+                                 "--edit-interval-ms", "1", "--pause-every", "2")
+    assert code == 0 and report["pause_every"] == 2
+    (run,) = report["runs"]
+    assert run["requests"] == 6 and run["kept"] >= 2  # the requests before edits 2 and 4 were awaited
+    assert run["kept"] + run["superseded"] == 6
+
+
 def test_autocomplete_sends_what_an_editor_sends(fake: Served, capsys: Capture) -> None:
     code, report = _autocomplete(capsys, fake, "--model", "fake-stall", "--edits", "4")
     assert code == 0 and report["fim"] == "client" and report["max_tokens"] == 64

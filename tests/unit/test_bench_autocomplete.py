@@ -12,7 +12,7 @@ import json
 import pytest
 
 from llmd.bench import command
-from llmd.bench.autocomplete import CLIENT_FIM_TEMPLATE, STOP, EditPlan, fim_body, stats_root
+from llmd.bench.autocomplete import CLIENT_FIM_TEMPLATE, STOP, EditPlan, Typing, fim_body, stats_root
 from llmd.bench.edit_results import (
     AutocompleteReport,
     Drain,
@@ -111,12 +111,12 @@ def test_the_file_stays_near_its_target_through_the_edits() -> None:
 
 
 def test_each_repeat_opens_a_fresh_file_near_the_target() -> None:
-    plan = EditPlan(1500, 0.25, seed=0, nonce=42, edits=10, interval=0.15)
+    plan = EditPlan(1500, 0.25, seed=0, nonce=42, edits=10, typing=Typing(0.15))
     first, second = plan.document(1), plan.document(2)
     assert first.text.startswith("# ") and ": bench file 1\n\ndef " in first.text
     assert first.text[2] != second.text[2] or first.text[3] != second.text[3]  # differ at once
     assert first.text[30:200] != second.text[30:200]
-    other_run = EditPlan(1500, 0.25, seed=0, nonce=43, edits=10, interval=0.15).document(1)
+    other_run = EditPlan(1500, 0.25, seed=0, nonce=43, edits=10, typing=Typing(0.15)).document(1)
     assert other_run.text[:14] != first.text[:14] and other_run.text[30:] == first.text[30:]
     assert abs(plan.count(first.text) - 1500) <= 40 and first == plan.document(1)
 
@@ -253,7 +253,7 @@ def _report() -> AutocompleteReport:
             for repeat, cold in ((1, 0.1), (2, 0.2), (3, 0.4))]
     return AutocompleteReport(
         workload="autocomplete", target="http://h/v1", model="m", fim="client",
-        file_tokens_requested=1500, edits=6, edit_interval_ms=150.0, max_tokens=64,
+        file_tokens_requested=1500, edits=6, edit_interval_ms=150.0, pause_every=0, max_tokens=64,
         temperature=0.0, stop=list(STOP), warmup=1, repeats=3, notes=["a note"], runs=runs,
         medians=run_medians(runs),
     )
@@ -277,3 +277,8 @@ def test_autocomplete_table_and_json() -> None:
     payload = json.loads(format_json(report))
     assert payload["workload"] == "autocomplete" and len(payload["runs"]) == 3
     assert payload["runs"][0]["requests"] == 6 and payload["medians"]["ttft_ms_p50"] == 40.0
+
+
+def test_the_user_pauses_after_every_nth_edit_only_when_asked() -> None:
+    assert not any(Typing(0.15).pauses_before(index) for index in range(20))
+    assert [index for index in range(12) if Typing(0.15, 4, 5.0).pauses_before(index)] == [4, 8]
