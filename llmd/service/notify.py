@@ -190,6 +190,7 @@ class Watchdog:
         self.period = interval / 2
         self.probe = probe
         self.pings = 0
+        self.rounds = 0  # health probes made (a ping or a withheld one each)
         self._withholding = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llmd-watchdog", daemon=True)
@@ -222,6 +223,7 @@ class Watchdog:
 
     def tick(self) -> bool:
         """One round: ping if healthy. True when a ping was sent."""
+        self.rounds += 1
         if not self._healthy():
             if not self._withholding:
                 log.error("withholding watchdog pings: systemd restarts llmd within %.0f s", self.interval)

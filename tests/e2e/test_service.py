@@ -17,11 +17,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmd.config import load_profile
-from llmd.engine.types import Request, SamplingParams
+from llmd.engine.types import Request, SamplingParams, StepResult
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import EXIT_PREFLIGHT
 from llmd.service.notify import EngineHealth, Notifier, Watchdog
 from tests.helpers.daemon import start_daemon, wait_until_ready
+from tests.helpers.waiting import wait_until
 
 
 @dataclass
@@ -56,6 +57,18 @@ class Systemd:
     def messages(self) -> list[str]:
         return [message for _, message in self.received]
 
+    def flush(self) -> None:
+        """Wait until every datagram sent so far has been read: datagrams on a local socket arrive
+        in order, so once a marker sent now is read, so is everything sent before it."""
+        marker = f"FLUSH={time.monotonic_ns()}"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.sendto(marker.encode(), str(self.path))
+        self.wait_for(marker)
+
+    def pings(self) -> int:
+        """WATCHDOG=1 datagrams read so far."""
+        return sum(message == "WATCHDOG=1" for message in self.messages())
+
 
 @pytest.fixture
 def systemd(tmp_path: Path) -> Iterator[Systemd]:
@@ -87,9 +100,7 @@ def test_ready_after_warm_up_then_status_watchdog_and_stopping(
         ready = next(m for m in first if "READY=1" in m)
         assert "STATUS=ready: model loaded in" in ready
         assert not any("WATCHDOG=1" in m for m in first[: first.index(ready)])
-        time.sleep(1.2)
-        pings = [at for at, m in systemd.received if m == "WATCHDOG=1"]
-        assert 3 <= len(pings) <= 10, pings  # every 0.2 s (half of WatchdogSec) while healthy
+        wait_until("pinging the watchdog while healthy", lambda: systemd.pings() >= 3)
         systemd.wait_for("STATUS=serving: 0 running, 0 waiting")
     finally:
         daemon.process.send_signal(signal.SIGTERM)
@@ -106,7 +117,7 @@ def test_no_ready_when_the_preflight_refuses(tiny_model: Path, tmp_path: Path, s
     daemon = start_daemon(tmp_path, "--model", str(model), "--profile", str(greedy), wait_ready=False,
                           env={"NOTIFY_SOCKET": str(systemd.path), "WATCHDOG_USEC": "400000"})
     assert daemon.process.wait(timeout=60) == EXIT_PREFLIGHT
-    time.sleep(0.3)
+    systemd.flush()  # everything the process sent before it exited has been read
     assert not any("READY=1" in m or "WATCHDOG=1" in m for m in systemd.messages())
 
 
@@ -118,7 +129,7 @@ def test_a_wedged_worker_stops_the_watchdog_pings(tiny_model: Path, systemd: Sys
     assert ready.wait(60) and worker.runner is not None
     real_step = worker.runner.step
 
-    def stuck_step(decode: list[Request], chunks: list[tuple[Request, int]]) -> tuple[list, list]:
+    def stuck_step(decode: list[Request], chunks: list[tuple[Request, int]]) -> StepResult:
         if wedge.is_set():
             release.wait(30)  # a hung kernel or a deadlock, as far as the daemon can tell
         return real_step(decode, chunks)
@@ -129,19 +140,20 @@ def test_a_wedged_worker_stops_the_watchdog_pings(tiny_model: Path, systemd: Sys
     watchdog.start()
     try:
         worker.submit(Request("busy", [5, 6, 7, 8], SamplingParams(max_tokens=4000, temperature=0.0)))
-        time.sleep(0.6)
-        before = len(systemd.received)
-        assert before >= 3, "pings while the worker steps"
+        wait_until("pinging while the worker steps", lambda: watchdog.pings >= 3)
         wedge.set()
-        time.sleep(0.6 + 1.0)  # past the stall limit
-        quiet_from = len(systemd.received)
-        time.sleep(1.0)
-        assert len(systemd.received) == quiet_from, "pings went on from a wedged worker"
-        assert health.problem() is not None and "step" in (health.problem() or "")
+        problem = wait_until("a stalled step noticed", health.problem)
+        assert "step" in problem
+        noticed = watchdog.rounds
+        wait_until("the round under way done", lambda: watchdog.rounds > noticed)
+        stalled = watchdog.pings  # every round from here on sees the stall
+        wait_until("three more rounds", lambda: watchdog.rounds > noticed + 4)
+        assert watchdog.pings == stalled, "pings went on from a wedged worker"
+        systemd.flush()
+        assert systemd.pings() == stalled
         wedge.clear()
         release.set()
-        time.sleep(0.6)
-        assert len(systemd.received) > quiet_from, "pings did not resume"
+        wait_until("pings resumed", lambda: watchdog.pings > stalled)
     finally:
         release.set()
         watchdog.stop()
@@ -166,8 +178,15 @@ def test_metrics_parse_and_move_with_real_requests(daemon_with_metrics: str) -> 
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", max_tokens=0,
                                        messages=[{"role": "user", "content": "x"}])
-    time.sleep(0.2)
-    after = scrape()
+    length = "llmd_requests_total[('finish_reason', 'length')]"
+
+    def counted() -> dict[str, float] | None:
+        """A scrape once the three requests are counted (as each stream closes on the server,
+        just after the client has read it)."""
+        now = scrape()
+        return now if now.get(length, 0.0) - before.get(length, 0.0) >= 3 else None
+
+    after = wait_until("the three requests counted", counted)
 
     def moved(key: str) -> float:
         return after[key] - before.get(key, 0.0)
@@ -188,7 +207,9 @@ def daemon_with_metrics(tiny_model: Path, tmp_path_factory: pytest.TempPathFacto
     tmp = tmp_path_factory.mktemp("metrics")
     daemon = start_daemon(tmp, "--model", str(tiny_model), "--served-model-name", "tiny")
     wait_until_ready(daemon)
-    time.sleep(0.2)  # READY bookkeeping (load/warm-up gauges) runs just after /ready turns 200
+    # READY bookkeeping (load/warm-up gauges) runs just after /ready turns 200.
+    wait_until("the load gauge set", lambda: "llmd_model_load_seconds 0.0" not in
+               httpx.get(f"{daemon.url}/metrics", timeout=10).text)
     yield daemon.url
     assert daemon.stop() == 0, daemon.log()
 
