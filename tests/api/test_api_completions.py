@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -200,7 +201,7 @@ def test_best_of_beyond_what_the_engine_runs_at_once_names_best_of() -> None:
     assert error["param"] == "best_of" and "`best_of`" in error["message"]
 
 
-LEGACY = {"text_offset": [0, 5, 6, 12], "token_logprobs": [-0.25, -0.5, -0.75, -1.0],
+LEGACY: dict[str, Any] = {"text_offset": [0, 5, 6, 12], "token_logprobs": [-0.25, -0.5, -0.75, -1.0],
           "tokens": ["Hello", ",", " world", "!"],
           "top_logprobs": [{"Hello": -0.25, "alt1": -1.25}, {",": -0.5, "alt1": -1.5},
                            {" world": -0.75, "alt1": -1.75}, {"!": -1.0, "alt1": -2.0}]}
