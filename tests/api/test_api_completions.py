@@ -169,6 +169,13 @@ def test_n_choices_per_prompt_are_indexed_prompt_major(stream: bool) -> None:
         assert response.json()["usage"] == {"prompt_tokens": 14, "completion_tokens": 6, "total_tokens": 20}
 
 
+def test_each_of_n_streamed_choices_echoes_its_own_prompt() -> None:
+    with served(FakeEngine(choice_pieces=TWO)) as client:
+        chunks = sse_chunks(post(client, prompt=["p", "q"], n=2, echo=True, stream=True))
+    assert [c["choices"][0]["text"] for c in chunks[:4]] == ["p", "p", "q", "q"]
+    assert choice_texts(chunks) == {0: "pAa", 1: "pB", 2: "qAa", 3: "qB"}
+
+
 def test_best_of_keeps_the_likeliest_and_returns_no_logprobs_unasked() -> None:
     engine = FakeEngine(choice_pieces=(("x",), ("y",), ("z",)), choice_scores=(-3.0, -1.0, -2.0))
     with served(engine) as client:
