@@ -3,7 +3,7 @@
 No conversion logic lives here: the API layer turns these into engine parameters.
 Request Structs forbid unknown fields, so a field llmd does not implement is refused
 with a 400 naming it instead of being silently ignored. Some declared fields are accepted
-only with values that cannot change a local answer (`n: 1`, `modalities: ["text"]`, ...) or
+only with values that cannot change a local answer (`modalities: ["text"]`, ...) or
 are ignored outright (`store`, `metadata`, ...): `llmd/api/lenient.py` is that allow-list.
 """
 
@@ -15,6 +15,11 @@ import msgspec
 from msgspec import Meta
 
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+# Choices per chat request (and per completions prompt): each is a running slot of the engine.
+MAX_CHOICES = 8
+Choices = Annotated[int, Meta(ge=1, le=MAX_CHOICES)]
+# `logit_bias` maps token-id strings to -100..100; the handler checks keys and values (api/logit_bias.py).
+LogitBias = dict[str, float]
 
 
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
@@ -56,13 +61,13 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     model: str
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None  # only empty
-    logprobs: bool | None = None  # only false
+    logit_bias: LogitBias | None = None
+    logprobs: bool | None = None
     max_completion_tokens: Annotated[int, Meta(ge=1)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
     metadata: dict[str, str] | None = None
     modalities: list[str] | None = None  # only "text"
-    n: Annotated[int, Meta(ge=1)] | None = None  # only 1
+    n: Choices | None = None
     parallel_tool_calls: bool | None = None
     presence_penalty: Penalty | None = None
     prompt_cache_key: str | None = None
@@ -77,7 +82,7 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # only 0
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # needs logprobs true, unless 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     user: str | None = None
     verbosity: str | None = None
@@ -109,12 +114,37 @@ class AssistantMessage(msgspec.Struct):
     refusal: None = None
 
 
+class TopLogprob(msgspec.Struct):
+    """One of the likeliest tokens at a position: its text, log-probability and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(msgspec.Struct):
+    """A chat choice's token with its logprob and the position's likeliest tokens
+    (OpenAI's `ChatCompletionTokenLogprob`)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    """`logprobs` of a chat choice (or of a chunk's choice: the tokens of its delta)."""
+
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
 class Choice(msgspec.Struct):
     """One choice of a `chat.completion`."""
 
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChoiceLogprobs | None
     finish_reason: str
 
 
@@ -142,7 +172,7 @@ class ChunkChoice(msgspec.Struct):
 
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -213,13 +243,13 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     model: str
     prompt: str | Annotated[list[str | TokenId | list[TokenId]], Meta(min_length=1)]
-    best_of: Annotated[int, Meta(ge=1)] | None = None
+    best_of: Choices | None = None
     echo: bool | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias | None = None
     logprobs: Annotated[int, Meta(ge=0, le=5)] | None = None
     max_tokens: Annotated[int, Meta(ge=1)] | None = None
-    n: Annotated[int, Meta(ge=1)] | None = None
+    n: Choices | None = None
     presence_penalty: Penalty | None = None
     seed: Annotated[int, Meta(ge=0)] | None = None  # below 2**64: SamplingParams checks
     stop: str | Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
@@ -233,12 +263,25 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
 
 
+class CompletionLogprobs(msgspec.Struct):
+    """The legacy `logprobs` of a `text_completion` choice: one entry per token in each list.
+
+    `text_offset` is where each token starts in the choice's text (the echoed prompt included);
+    the first prompt token has no `token_logprobs` or `top_logprobs` (null).
+    """
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
 class CompletionChoice(msgspec.Struct):
     """One choice of a `text_completion`; in a streamed chunk, `text` is the new piece."""
 
     text: str
     index: int
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +13,15 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
+from llmd.api.logit_bias import parse_logit_bias
+from llmd.api.logprobs import chat_logprobs
 from llmd.api.sse import sse_response
 from llmd.engine.client import TokenStream
-from llmd.engine.types import SamplingParams, TemplateOptions
-from llmd.errors import ClientDisconnected, InvalidRequest, ModelNotFound, UnsupportedParameter
+from llmd.engine.types import SamplingParams, TemplateOptions, TokenLogprobs
+from llmd.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -28,6 +29,7 @@ from llmd.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     Usage,
@@ -51,18 +53,21 @@ class CompletionMeta:
 async def create_chat_completion(
     request: Request, engine: InjectedEngine, metrics: InjectedMetrics, served: InjectedModel
 ) -> Response[ChatCompletion] | Stream:
-    """Generate a chat completion, streamed as SSE when `stream` is true."""
+    """Generate `n` chat completion choices, streamed as SSE when `stream` is true."""
     body = parse_body(await request.body())
     check_model(body.model, served.id)
     prompt_ids = await engine.encode_chat(to_template_messages(body.messages), template_options(body))
     params = to_sampling_params(body, engine.check_context(len(prompt_ids), requested_max_tokens(body)))
     meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
-    stream = engine.submit(prompt_ids, params)
+    streams = engine.submit_choices(prompt_ids, params, body.n or 1)
+    logprobs = params.logprobs is not None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream_chunks(stream, meta, include_usage)
+        chunks = stream_chunks(streams, meta, include_usage, logprobs)
         return sse_response(chunks, metrics.observe_error)
-    return Response(await complete_unless_disconnected(request, stream, meta))
+    with closing_all(streams):
+        generated = await unless_disconnected(request, collect_all(streams, logprobs))
+    return Response(chat_completion(meta, generated, streams))
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -80,6 +85,8 @@ def parse_body(raw: bytes) -> ChatCompletionRequest:
     refusals = unsupported_values(body)
     if refusals:
         raise refuse(refusals)
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("`top_logprobs` needs `logprobs` set to true", param="top_logprobs")
     log_ignored(body)
     return body
 
@@ -151,7 +158,11 @@ def requested_max_tokens(body: ChatCompletionRequest) -> int | None:
 
 
 def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
-    """Engine sampling parameters from the request, with OpenAI's defaults."""
+    """Engine sampling parameters from the request, with OpenAI's defaults.
+
+    `logprobs: true` asks the engine for each sampled token's logprob and `top_logprobs` more;
+    a bad `logit_bias` is a 400 naming it (`parse_logit_bias`).
+    """
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         max_tokens=max_tokens,
@@ -167,69 +178,62 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> Sampling
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
+        logit_bias=parse_logit_bias(body.logit_bias),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
 
 
-async def stream_chunks(
-    stream: TokenStream, meta: CompletionMeta, include_usage: bool
-) -> AsyncIterator[ChatCompletionChunk]:
-    """Role chunk, one chunk per step with new text, the finish chunk, then usage."""
-    with stream:
-        yield chunk(meta, Delta(role="assistant", content=""))
-        async for event in stream:
+async def stream_chunks(streams: Sequence[TokenStream], meta: CompletionMeta, include_usage: bool,
+                        logprobs: bool) -> AsyncIterator[ChatCompletionChunk]:
+    """Every choice's role chunk (index order), a chunk per step with new text, each choice's
+    finish chunk, then usage. With `logprobs`, a chunk carries the tokens since its choice's last
+    chunk: a token whose text is still an incomplete character goes with the next one."""
+    with closing_all(streams):
+        for index in range(len(streams)):
+            yield chunk(meta, index, Delta(role="assistant", content=""))
+        held: list[list[TokenLogprobs]] | None = [[] for _ in streams] if logprobs else None
+        async for index, event in merged_events(streams):
+            if held is not None and event.logprobs is not None:
+                held[index].append(event.logprobs)
             if event.text:
-                yield chunk(meta, Delta(content=event.text))
+                yield chunk(meta, index, Delta(content=event.text), None, release(held, index))
             if event.finish_reason is not None:
-                yield chunk(meta, Delta(), event.finish_reason.value)
+                yield chunk(meta, index, Delta(), event.finish_reason.value, release(held, index))
         if include_usage:
-            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=usage(meta, stream))
+            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=usage(meta, streams))
 
 
-def chunk(meta: CompletionMeta, delta: Delta, finish_reason: str | None = None) -> ChatCompletionChunk:
-    """A chunk with a single choice."""
-    choice = ChunkChoice(0, delta, None, finish_reason)
+def release(held: list[list[TokenLogprobs]] | None, index: int) -> ChoiceLogprobs | None:
+    """The logprobs choice `index` holds for its next chunk, taken out; None when there are none."""
+    if held is None or not held[index]:
+        return None
+    positions, held[index] = held[index], []
+    return chat_logprobs(positions)
+
+
+def chunk(meta: CompletionMeta, index: int, delta: Delta, finish_reason: str | None = None,
+          logprobs: ChoiceLogprobs | None = None) -> ChatCompletionChunk:
+    """A chunk with one choice's delta."""
+    choice = ChunkChoice(index, delta, logprobs, finish_reason)
     return ChatCompletionChunk(meta.id, [choice], meta.created, meta.model)
 
 
-def usage(meta: CompletionMeta, stream: TokenStream) -> Usage:
-    """Token accounting for a finished stream."""
-    completion = stream.completion_tokens
+def usage(meta: CompletionMeta, streams: Sequence[TokenStream]) -> Usage:
+    """Token accounting of finished choices: the prompt once (it is prefilled once), every choice's tokens."""
+    completion = sum(stream.completion_tokens for stream in streams)
     return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion)
 
 
-async def complete_unless_disconnected(
-    request: Request, stream: TokenStream, meta: CompletionMeta
-) -> ChatCompletion:
-    """Collect the whole completion, aborting it if the client goes away first."""
-    with stream:
-        collect = asyncio.ensure_future(collect_completion(stream, meta))
-        gone = asyncio.ensure_future(wait_for_disconnect(request))
-        try:
-            await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not collect.done():
-            collect.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await collect
-            raise ClientDisconnected("the client disconnected before the completion was ready")
-        return collect.result()
+def chat_completion(meta: CompletionMeta, generated: list[Generated], streams: Sequence[TokenStream]
+                    ) -> ChatCompletion:
+    """The non-streamed `chat.completion`: choice i is stream i's whole output."""
+    choices = [Choice(index, AssistantMessage("assistant", choice.text), choice_logprobs(choice),
+                      choice.finish_reason) for index, choice in enumerate(generated)]
+    return ChatCompletion(meta.id, choices, meta.created, meta.model, usage(meta, streams))
 
 
-async def collect_completion(stream: TokenStream, meta: CompletionMeta) -> ChatCompletion:
-    """All of a stream's text as one `chat.completion`."""
-    parts: list[str] = []
-    finish_reason = "stop"
-    async for event in stream:
-        parts.append(event.text)
-        if event.finish_reason is not None:
-            finish_reason = event.finish_reason.value
-    message = AssistantMessage("assistant", "".join(parts))
-    choice = Choice(0, message, None, finish_reason)
-    return ChatCompletion(meta.id, [choice], meta.created, meta.model, usage(meta, stream))
-
-
-async def wait_for_disconnect(request: Request) -> None:
-    """Return once the client has closed the connection."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+def choice_logprobs(choice: Generated) -> ChoiceLogprobs | None:
+    """A whole choice's chat `logprobs`, or None when they were not asked."""
+    if choice.scored is None:
+        return None
+    return chat_logprobs([s.position for s in choice.scored if s.position is not None])

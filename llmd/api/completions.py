@@ -1,38 +1,40 @@
 """`POST /v1/completions`, the legacy text API: parse, convert, call the engine, wrap the result.
 
-Each prompt of a list is its own engine request and its own choice, indexed in prompt order;
-a non-null `suffix` asks the engine for the model's fill-in-the-middle prompt. Streamed
-choices are interleaved as their tokens come, each chunk naming its `index`.
+Each prompt of a list is its own engine prompt, with `n` choices each (`best_of` generated, the
+`n` likeliest kept), indexed `prompt_index * n + choice_index` as OpenAI and vLLM do; a non-null
+`suffix` asks the engine for the model's fill-in-the-middle prompt. Streamed choices are
+interleaved as their tokens come, each chunk naming its `index`. `logprobs` come in the legacy
+shape (`api/logprobs.py`), the echoed prompt's first when `echo` asks for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from llmd.api.chat import check_model, validation_error, wait_for_disconnect
+from llmd.api.chat import check_model, validation_error
+from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
+from llmd.api.logit_bias import parse_logit_bias
+from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
 from llmd.api.sse import sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
-from llmd.errors import ClientDisconnected, InvalidRequest, UnsupportedParameter
-from llmd.protocol import Completion, CompletionChoice, CompletionRequest, Usage
+from llmd.errors import InvalidRequest
+from llmd.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
-T = TypeVar("T")
 
 # OpenAI's default for the completions API (chat's default is "all the room left").
 DEFAULT_MAX_TOKENS = 16
-# Prompts in one request: each is an engine request, so more than the queue holds get a 503.
+# Engine requests (prompts times choices) in one request: more than the queue holds get a 503.
 MAX_PROMPTS = 128
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
@@ -48,30 +50,54 @@ class TextMeta:
     model: str
 
 
+@dataclass(frozen=True, slots=True)
+class TextOptions:
+    """How a request's choices are made and shown: per prompt `best_of` generated and `n` kept,
+    the prompt echoed or not, `logprobs` (top count) returned or not (None)."""
+
+    n: int = 1
+    best_of: int = 1
+    echo: bool = False
+    logprobs: int | None = None
+
+    @property
+    def ranked(self) -> bool:
+        """Whether choices are dropped by rank (`best_of` above `n`): their logprobs are needed."""
+        return self.best_of > self.n
+
+
+def text_options(body: CompletionRequest) -> TextOptions:
+    """The request's choice options (`best_of` defaults to `n`)."""
+    n = body.n or 1
+    return TextOptions(n, body.best_of or n, bool(body.echo), body.logprobs)
+
+
 @post("/v1/completions", status_code=200)
 async def create_completion(
     request: Request, engine: InjectedEngine, metrics: InjectedMetrics, served: InjectedModel
 ) -> Response[Completion] | Stream:
-    """Complete each prompt, streamed as SSE when `stream` is true."""
+    """Complete each prompt `n` times, streamed as SSE when `stream` is true."""
     body = parse_completion_body(await request.body())
     check_model(body.model, served.id)
-    prompts = await encode_prompts(engine, prompt_list(body.prompt), body.suffix)
+    options = text_options(body)
+    prompts = await encode_prompts(engine, prompt_list(body.prompt, options.best_of), body.suffix)
     budgets = [budget(engine, prompt, body.max_tokens, i, len(prompts)) for i, prompt in enumerate(prompts)]
     params = [to_text_sampling_params(body, max_tokens, prompt.end_token_ids)
               for prompt, max_tokens in zip(prompts, budgets, strict=True)]
     meta = TextMeta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), body.model)
-    streams = submit_all(engine, prompts, params)
+    streams = submit_all(engine, prompts, params, options)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream_text(streams, prompts, meta, bool(body.echo), include_usage)
+        chunks = stream_text(streams, prompts, meta, options, include_usage)
         return sse_response(chunks, metrics.observe_error)
     with closing_all(streams):
-        texts = await unless_disconnected(request, collect_texts(streams))
-    return Response(text_completion(meta, prompts, streams, texts, bool(body.echo)))
+        kept_logprobs = options.logprobs is not None or options.ranked
+        generated = await unless_disconnected(request, collect_all(streams, kept_logprobs))
+    return Response(text_completion(meta, prompts, streams, generated, options))
 
 
 def parse_completion_body(raw: bytes) -> CompletionRequest:
-    """Decode and validate the body; every failure, and every option not served yet, names its param."""
+    """Decode and validate the body; every failure names its param."""
     try:
         body = _decoder.decode(raw)
     except msgspec.ValidationError as exc:
@@ -83,22 +109,24 @@ def parse_completion_body(raw: bytes) -> CompletionRequest:
 
 
 def check_options(body: CompletionRequest) -> None:
-    """Refuse what is not served yet (more than one choice, logprobs, logit bias) and bad combinations."""
+    """Refuse bad combinations: `best_of` below `n` or streamed, `echo` with `suffix`, ..."""
     if body.stream_options is not None and not body.stream:
         raise InvalidRequest("`stream_options` is only allowed when `stream` is true", param="stream_options")
-    for name, value in (("n", body.n), ("best_of", body.best_of)):
-        if value not in (None, 1):
-            raise UnsupportedParameter(f"`{name}` other than 1 is not supported yet", param=name)
-    if body.logprobs:
-        raise UnsupportedParameter("`logprobs` is not supported yet; send null or 0", param="logprobs")
-    if body.logit_bias:
-        raise UnsupportedParameter("`logit_bias` is not supported yet; send null or {}", param="logit_bias")
+    n = body.n or 1
+    if body.best_of is not None and body.best_of < n:
+        raise InvalidRequest(f"`best_of` ({body.best_of}) must be at least `n` ({n})", param="best_of")
+    if body.stream and body.best_of is not None and body.best_of > n:
+        raise InvalidRequest("`best_of` above `n` cannot be streamed: the best are known only at the end",
+                             param="best_of")
     if body.echo and body.suffix is not None:
         raise InvalidRequest("`echo` cannot be combined with `suffix`", param="echo")
 
 
-def prompt_list(prompt: str | list[str | int | list[int]]) -> list[PromptInput]:
-    """The request's prompts, one per choice: a string, or a list of token ids."""
+def prompt_list(prompt: str | list[str | int | list[int]], choices: int = 1) -> list[PromptInput]:
+    """The request's prompts, `choices` generated for each: a string, or a list of token ids.
+
+    At most `MAX_PROMPTS` engine requests (prompts times choices) are served in one request.
+    """
     if isinstance(prompt, str):
         return [prompt]
     if all(isinstance(item, int) for item in prompt):
@@ -106,9 +134,10 @@ def prompt_list(prompt: str | list[str | int | list[int]]) -> list[PromptInput]:
     prompts = [item for item in prompt if not isinstance(item, int)]
     if len(prompts) < len(prompt) or len({type(item) for item in prompts}) > 1:
         raise InvalidRequest(f"`prompt` must be {PROMPT_FORMS}, not a mix", param="prompt")
-    if len(prompts) > MAX_PROMPTS:
-        raise InvalidRequest(f"`prompt` holds {len(prompts)} prompts; at most {MAX_PROMPTS} are served "
-                             "in one request", param="prompt")
+    if len(prompts) * choices > MAX_PROMPTS:
+        each = "" if choices == 1 else f", {choices} choices each"
+        raise InvalidRequest(f"`prompt` holds {len(prompts)} prompts{each}; at most {MAX_PROMPTS} "
+                             "choices are served in one request", param="prompt")
     return prompts
 
 
@@ -151,8 +180,11 @@ def to_text_sampling_params(body: CompletionRequest, max_tokens: int,
     """Engine sampling parameters from the request, with OpenAI's defaults.
 
     `end_token_ids` (a FIM layout's pad and file-separator tokens) end generation as EOS does:
-    a fill-in-the-middle answer is over when the model pads or starts another file.
+    a fill-in-the-middle answer is over when the model pads or starts another file. Logprobs
+    are asked when returned, or (top 0) when `best_of` ranks choices by them; the prompt's
+    when `echo` returns them too.
     """
+    options = text_options(body)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         max_tokens=max_tokens,
@@ -164,16 +196,21 @@ def to_text_sampling_params(body: CompletionRequest, max_tokens: int,
         frequency_penalty=body.frequency_penalty or 0.0,
         stop=stop,
         stop_token_ids=end_token_ids,
+        logit_bias=parse_logit_bias(body.logit_bias),
+        logprobs=0 if options.logprobs is None and options.ranked else options.logprobs,
+        prompt_logprobs=options.logprobs if options.echo else None,
     )
 
 
-def submit_all(engine: Engine, prompts: list[CompletionPrompt], params: list[SamplingParams]
-               ) -> list[TokenStream]:
-    """One engine request per prompt; if one is refused (full, draining), those already in are aborted."""
+def submit_all(engine: Engine, prompts: list[CompletionPrompt], params: list[SamplingParams],
+               options: TextOptions) -> list[TokenStream]:
+    """`best_of` choices per prompt, prompt by prompt; if one is refused (full, draining), those
+    already in are aborted."""
     streams: list[TokenStream] = []
     try:
         for prompt, sampling in zip(prompts, params, strict=True):
-            streams.append(engine.submit(prompt.ids, sampling))
+            with naming_the_choices(options):
+                streams.extend(engine.submit_choices(prompt.ids, sampling, options.best_of))
     except BaseException:
         with closing_all(streams):
             raise
@@ -181,26 +218,75 @@ def submit_all(engine: Engine, prompts: list[CompletionPrompt], params: list[Sam
 
 
 @contextlib.contextmanager
-def closing_all(streams: Sequence[TokenStream]) -> Iterator[None]:
-    """Leave every stream on the way out: one that has not finished is aborted."""
-    with contextlib.ExitStack() as stack:
-        for stream in streams:
-            stack.enter_context(stream)
+def naming_the_choices(options: TextOptions) -> Iterator[None]:
+    """An engine's refusal of too many choices (`n`) names `best_of` when that is what asked for them."""
+    try:
         yield
+    except InvalidRequest as exc:
+        if exc.param != "n" or not options.ranked:
+            raise
+        raise type(exc)(exc.message.replace("`n`", "`best_of`"), param="best_of", code=exc.code) from None
+
+
+@dataclass(slots=True)
+class StreamedChoice:
+    """One streamed choice's state: its prompt, characters sent so far, logprobs not sent yet.
+
+    `held` is None unless logprobs were asked; `echo_waits` while an echo waits for the prompt's
+    logprobs (they come with the choice's first event).
+    """
+
+    prompt: CompletionPrompt
+    echo_waits: bool = False
+    sent: int = 0
+    held: list[Scored] | None = None
+
+    def release(self) -> CompletionLogprobs | None:
+        """The held logprobs for the next chunk, taken out; None when none are asked."""
+        if self.held is None:
+            return None
+        scored, self.held = self.held, []
+        return completion_logprobs(scored)
+
+
+def streamed_choices(prompts: list[CompletionPrompt], options: TextOptions) -> list[StreamedChoice]:
+    """Each stream's state, in index order (`n` per prompt)."""
+    return [StreamedChoice(prompt, options.echo and options.logprobs is not None, 0,
+                           [] if options.logprobs is not None else None)
+            for prompt in prompts for _ in range(options.n)]
 
 
 async def stream_text(streams: list[TokenStream], prompts: list[CompletionPrompt], meta: TextMeta,
-                      echo: bool, include_usage: bool) -> AsyncIterator[Completion]:
-    """Each choice's echoed prompt, a chunk per step with new text or a finish, then usage."""
+                      options: TextOptions, include_usage: bool) -> AsyncIterator[Completion]:
+    """Each choice's echoed prompt, a chunk per step with new text or a finish, then usage.
+
+    Echoed with logprobs, a choice's prompt waits for its first event (which carries them).
+    """
     with closing_all(streams):
-        for index, prompt in enumerate(prompts if echo else ()):
-            yield chunk(meta, CompletionChoice(prompt.text, index))
+        choices = streamed_choices(prompts, options)
+        for index, choice in enumerate(choices if options.echo and options.logprobs is None else ()):
+            yield chunk(meta, CompletionChoice(choice.prompt.text, index))
         async for index, event in merged_events(streams):
-            if event.text or event.finish_reason is not None:
-                finish = None if event.finish_reason is None else event.finish_reason.value
-                yield chunk(meta, CompletionChoice(event.text, index, None, finish))
+            for piece in event_chunks(meta, index, choices[index], event):
+                yield piece
         if include_usage:
             yield Completion(meta.id, [], meta.created, meta.model, usage=usage(prompts, streams))
+
+
+def event_chunks(meta: TextMeta, index: int, choice: StreamedChoice, event: TokenEvent
+                 ) -> Iterator[Completion]:
+    """The chunks one event of choice `index` makes: the echo it waited for, then its text or finish."""
+    if choice.echo_waits:
+        choice.echo_waits = False
+        choice.sent = len(choice.prompt.text)
+        echoed = completion_logprobs(prompt_scored(choice.prompt.text, event.prompt_logprobs or ()))
+        yield chunk(meta, CompletionChoice(choice.prompt.text, index, echoed))
+    if choice.held is not None and event.logprobs is not None:
+        choice.held.append(Scored(choice.sent, event.logprobs.chosen.text, event.logprobs))
+    if event.text or event.finish_reason is not None:
+        finish = None if event.finish_reason is None else event.finish_reason.value
+        yield chunk(meta, CompletionChoice(event.text, index, choice.release(), finish))
+        choice.sent += len(event.text)
 
 
 def chunk(meta: TextMeta, choice: CompletionChoice) -> Completion:
@@ -208,79 +294,38 @@ def chunk(meta: TextMeta, choice: CompletionChoice) -> Completion:
     return Completion(meta.id, [choice], meta.created, meta.model)
 
 
-async def merged_events(streams: list[TokenStream]) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """Every stream's events tagged with its index, as they come (one stream: read directly)."""
-    if len(streams) == 1:
-        async for event in streams[0]:
-            yield 0, event
-        return
-    readers = [aiter(stream) for stream in streams]
-    pending = {asyncio.ensure_future(anext(reader)): i for i, reader in enumerate(readers)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=pending.__getitem__):
-                index = pending.pop(task)
-                try:
-                    event = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(readers[index]))] = index
-                yield index, event
-    finally:
-        for task in pending:
-            task.cancel()
-
-
-async def collect_texts(streams: list[TokenStream]) -> list[tuple[str, str]]:
-    """(text, finish reason) of every stream, read side by side; one failing stops the others' reading."""
-    readers = [asyncio.ensure_future(collect_text(stream)) for stream in streams]
-    try:
-        return list(await asyncio.gather(*readers))
-    finally:
-        for reader in readers:
-            reader.cancel()
-
-
-async def collect_text(stream: TokenStream) -> tuple[str, str]:
-    """All of a stream's text and its finish reason."""
-    parts: list[str] = []
-    finish_reason = "stop"
-    async for event in stream:
-        parts.append(event.text)
-        if event.finish_reason is not None:
-            finish_reason = event.finish_reason.value
-    return "".join(parts), finish_reason
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """The result of `work`, cancelled (and a `ClientDisconnected` raised) if the client leaves first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        raise ClientDisconnected("the client disconnected before the completion was ready")
-    return task.result()
-
-
 def text_completion(meta: TextMeta, prompts: list[CompletionPrompt], streams: list[TokenStream],
-                    texts: list[tuple[str, str]], echo: bool) -> Completion:
-    """The non-streamed `text_completion`: one choice per prompt, echoed prompt first when asked."""
+                    generated: list[Generated], options: TextOptions) -> Completion:
+    """The non-streamed `text_completion`: `n` choices per prompt (the likeliest of `best_of`),
+    indexed `prompt_index * n + rank`, echoed prompt first when asked."""
     choices = [
-        CompletionChoice((prompt.text if echo else "") + text, index, None, finish)
-        for index, (prompt, (text, finish)) in enumerate(zip(prompts, texts, strict=True))
+        text_choice(prompt, choice, p * options.n + rank, options)
+        for p, prompt in enumerate(prompts)
+        for rank, choice in enumerate(kept(generated[p * options.best_of:(p + 1) * options.best_of], options))
     ]
     return Completion(meta.id, choices, meta.created, meta.model, usage=usage(prompts, streams))
 
 
+def kept(choices: list[Generated], options: TextOptions) -> list[Generated]:
+    """A prompt's `n` choices: all of them, or the `n` whose sampled tokens' logprobs sum highest."""
+    if not options.ranked:
+        return choices
+    return sorted(choices, key=lambda choice: choice.sampled_logprob, reverse=True)[: options.n]
+
+
+def text_choice(prompt: CompletionPrompt, choice: Generated, index: int, options: TextOptions
+                ) -> CompletionChoice:
+    """One choice of the response: its text (after the prompt, when echoed) and legacy logprobs when asked."""
+    echoed = prompt.text if options.echo else ""
+    logprobs = None
+    if options.logprobs is not None:
+        head = prompt_scored(prompt.text, choice.prompt or ()) if options.echo else []
+        logprobs = completion_logprobs([*head, *shifted(choice.scored or [], len(echoed))])
+    return CompletionChoice(echoed + choice.text, index, logprobs, choice.finish_reason)
+
+
 def usage(prompts: list[CompletionPrompt], streams: list[TokenStream]) -> Usage:
-    """Token accounting over every prompt and its finished stream."""
+    """Token accounting: every prompt once, every generated choice's tokens (`best_of`'s dropped ones too)."""
     prompt = sum(len(p.ids) for p in prompts)
     completion = sum(stream.completion_tokens for stream in streams)
     return Usage(prompt, completion, prompt + completion)

@@ -33,7 +33,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from llmd.api.chat import validation_error
-from llmd.api.completions import unless_disconnected
+from llmd.api.choices import unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.infill_limits import InfillLimits
 from llmd.api.lenient import Refusal, extra_keys, json_object, refuse

@@ -8,6 +8,8 @@ other value asks for something llmd does not do and is refused with a 400 naming
 refusal of one body is gathered into one 400 (message lists each, `param` names the first),
 so a client learns all it must drop at once. What was ignored is logged at debug level.
 
+`n`, `logprobs`, `top_logprobs` and `logit_bias` are not here: they are served (`api/chat.py`).
+
 Pure: no engine, no web framework; `api/chat.py` calls it.
 """
 
@@ -37,10 +39,6 @@ IGNORED_FIELDS: dict[str, str] = {
     "parallel_tool_calls": "llmd serves no tools, so there are no tool calls to parallelize",
     "stream_options": "ignored when not streaming (`include_usage` shapes only the stream)",
     "modalities": 'accepted only as ["text"], what llmd answers in anyway',
-    "n": "accepted only as 1, the one choice llmd returns",
-    "logprobs": "accepted only as false",
-    "top_logprobs": "accepted only as 0 (with logprobs false)",
-    "logit_bias": "accepted only empty",
     "response_format": 'accepted only as {"type": "text"}, the default',
 }
 # Fields of an assistant turn, as the SDKs echo a reply back, accepted and ignored.
@@ -135,14 +133,10 @@ def unsupported_values(body: ChatCompletionRequest) -> list[Refusal]:
 def request_value_problems(body: ChatCompletionRequest) -> list[tuple[str, str]]:
     """(param, reason) for each request-level value llmd cannot honour, in the wire Struct's order."""
     checks = [
-        ("logit_bias", bool(body.logit_bias), "is not supported yet (only an empty object is accepted)"),
-        ("logprobs", bool(body.logprobs), "is not supported yet"),
         ("modalities", body.modalities is not None and any(m != "text" for m in body.modalities),
          'must be ["text"]: llmd answers in text only'),
-        ("n", body.n is not None and body.n > 1, "above 1 is not supported yet: llmd returns one choice"),
         ("response_format", body.response_format is not None and body.response_format != {"type": "text"},
          'is not supported: only {"type": "text"} (plain text, the default) is accepted'),
-        ("top_logprobs", bool(body.top_logprobs), "needs logprobs, which llmd does not return yet"),
     ]
     return [(param, reason) for param, refused, reason in checks if refused]
 

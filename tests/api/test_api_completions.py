@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -151,16 +152,123 @@ def test_a_suffix_with_token_ids_is_refused() -> None:
     assert refused["param"] == "suffix"
 
 
-NOT_YET = [({"n": 2}, "n"), ({"best_of": 2}, "best_of"), ({"logprobs": 2}, "logprobs"),
-           ({"logit_bias": {"1": 5}}, "logit_bias")]
+TWO = (("A", "a"), ("B",))  # choice i's pieces
 
 
-@pytest.mark.parametrize(("fields", "param"), NOT_YET)
-def test_options_not_served_yet_are_400s_naming_them(fields: dict, param: str) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_per_prompt_are_indexed_prompt_major(stream: bool) -> None:
+    engine = FakeEngine(choice_pieces=TWO)
+    with served(engine) as client:
+        response = post(client, prompt=["p", "q"], n=2, stream=stream, seed=3)
+    texts = choice_texts(sse_chunks(response)) if stream else {
+        c["index"]: c["text"] for c in response.json()["choices"]}
+    assert texts == {0: "Aa", 1: "B", 2: "Aa", 3: "B"}  # index = prompt_index * n + choice_index
+    assert engine.choice_counts == [2, 2] and [p.seed for _, p in engine.submitted] == [3, 4, 3, 4]
+    if not stream:
+        assert [c["index"] for c in response.json()["choices"]] == [0, 1, 2, 3]
+        assert response.json()["usage"] == {"prompt_tokens": 14, "completion_tokens": 6, "total_tokens": 20}
+
+
+def test_each_of_n_streamed_choices_echoes_its_own_prompt() -> None:
+    with served(FakeEngine(choice_pieces=TWO)) as client:
+        chunks = sse_chunks(post(client, prompt=["p", "q"], n=2, echo=True, stream=True))
+    assert [c["choices"][0]["text"] for c in chunks[:4]] == ["p", "p", "q", "q"]
+    assert choice_texts(chunks) == {0: "pAa", 1: "pB", 2: "qAa", 3: "qB"}
+
+
+def test_best_of_keeps_the_likeliest_and_returns_no_logprobs_unasked() -> None:
+    engine = FakeEngine(choice_pieces=(("x",), ("y",), ("z",)), choice_scores=(-3.0, -1.0, -2.0))
+    with served(engine) as client:
+        body = post(client, prompt=["p", "q"], n=2, best_of=3).json()
+    assert [(c["index"], c["text"], c["logprobs"]) for c in body["choices"]] == [
+        (0, "y", None), (1, "z", None), (2, "y", None), (3, "z", None)]
+    assert engine.choice_counts == [3, 3] and all(p.logprobs == 0 for _, p in engine.submitted)
+    assert body["usage"]["completion_tokens"] == 6  # every generated choice was computed
+    assert all(s.closed for s in engine.streams)
+
+
+def test_best_of_with_logprobs_returns_those_asked() -> None:
+    engine = FakeEngine(choice_scores=(-1.0, 0.0))
+    with served(engine) as client:
+        body = post(client, best_of=2, logprobs=1, max_tokens=1).json()
+    [choice] = body["choices"]
+    assert choice["logprobs"]["token_logprobs"] == [-0.25] and engine.submitted[0][1].logprobs == 1
+
+
+def test_best_of_streamed_is_a_400_naming_it() -> None:
     engine = FakeEngine()
     with served(engine) as client:
-        error = openai_error(post(client, **fields), 400, "unsupported_parameter")
-    assert error["param"] == param and not engine.submitted
+        error = openai_error(post(client, best_of=2, stream=True), 400)
+    assert error["param"] == "best_of" and not engine.submitted
+
+
+def test_best_of_beyond_what_the_engine_runs_at_once_names_best_of() -> None:
+    with served(FakeEngine(max_running=2)) as client:
+        error = openai_error(post(client, best_of=3), 400)
+    assert error["param"] == "best_of" and "`best_of`" in error["message"]
+
+
+LEGACY: dict[str, Any] = {"text_offset": [0, 5, 6, 12], "token_logprobs": [-0.25, -0.5, -0.75, -1.0],
+          "tokens": ["Hello", ",", " world", "!"],
+          "top_logprobs": [{"Hello": -0.25, "alt1": -1.25}, {",": -0.5, "alt1": -1.5},
+                           {" world": -0.75, "alt1": -1.75}, {"!": -1.0, "alt1": -2.0}]}
+
+
+def test_logprobs_come_in_the_legacy_shape() -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        body = post(client, logprobs=2).json()
+    assert body["choices"][0]["logprobs"] == LEGACY
+    assert engine.submitted[0][1].logprobs == 2 and engine.submitted[0][1].prompt_logprobs is None
+
+
+def test_the_sdk_parses_legacy_logprobs() -> None:
+    with served() as client:
+        result = sdk(client).completions.create(model=MODEL, prompt="x", logprobs=0)
+    logprobs = result.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens == LEGACY["tokens"]
+    assert logprobs.top_logprobs == [{t: lp} for t, lp in zip(LEGACY["tokens"], LEGACY["token_logprobs"],
+                                                              strict=True)]  # logprobs 0: the sampled only
+
+
+def test_echo_with_logprobs_puts_the_prompt_tokens_first() -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        body = post(client, prompt=[5, 6, 7], echo=True, logprobs=1).json()
+    [choice] = body["choices"]
+    assert choice["text"] == "<5><6><7>" + TEXT
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["<5>", "<6>", "<7>", *LEGACY["tokens"]]
+    assert logprobs["token_logprobs"][:4] == [None, -1.0, -1.0, -0.25]
+    assert logprobs["top_logprobs"][:3] == [None, {"<6>": -1.0}, {"<7>": -1.0}]
+    assert logprobs["text_offset"] == [0, 3, 6, *(9 + offset for offset in LEGACY["text_offset"])]
+    assert all(choice["text"][o:].startswith(t) for o, t in zip(logprobs["text_offset"], logprobs["tokens"],
+                                                                 strict=True))
+    assert engine.submitted[0][1].prompt_logprobs == 1
+
+
+def test_a_stream_carries_each_chunks_logprobs_and_the_echo_its_prompts() -> None:
+    with served() as client:
+        plain = post(client, prompt=[5, 6, 7], echo=True, logprobs=1).json()["choices"][0]["logprobs"]
+        chunks = sse_chunks(post(client, prompt=[5, 6, 7], echo=True, logprobs=1, stream=True))
+    choices = [c["choices"][0] for c in chunks]
+    assert choices[0]["text"] == "<5><6><7>" and choices[0]["logprobs"]["tokens"] == ["<5>", "<6>", "<7>"]
+    joined = {key: [v for c in choices for v in c["logprobs"][key]] for key in plain}
+    assert joined == plain  # the chunks' lists, joined, are the whole choice's
+
+
+def test_a_stream_without_logprobs_has_none() -> None:
+    with served() as client:
+        chunks = sse_chunks(post(client, stream=True, echo=True))
+    assert all(c["choices"][0]["logprobs"] is None for c in chunks)
+
+
+def test_logit_bias_reaches_the_engine_and_a_bad_one_is_a_400() -> None:
+    engine = FakeEngine()
+    with served(engine) as client:
+        assert post(client, logit_bias={"7": -100}).status_code == 200
+        error = openai_error(post(client, logit_bias={"7": 200}), 400)
+    assert engine.submitted[0][1].logit_bias == ((7, -100.0),) and error["param"] == "logit_bias"
 
 
 def test_an_unknown_model_is_404() -> None:

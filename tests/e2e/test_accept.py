@@ -85,5 +85,5 @@ def test_every_refused_field_in_one_400_on_the_wire(daemon: Daemon) -> None:
 
     unknown = error_of(foo=1, prediction={"type": "content", "content": "x"}, modalities=["audio"])
     assert unknown["param"] == "foo" and "`prediction`" in unknown["message"]
-    values = error_of(modalities=["audio"], logit_bias={"1": 5})
-    assert values["param"] == "logit_bias" and "`modalities`" in values["message"]
+    values = error_of(modalities=["audio"], response_format={"type": "json_object"})
+    assert values["param"] == "modalities" and "`response_format`" in values["message"]

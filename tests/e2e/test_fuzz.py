@@ -37,9 +37,11 @@ OUT_OF_RANGE = {
     "max_tokens": st.sampled_from([0, -1, 10**12, "3"]),
     "frequency_penalty": st.sampled_from([-2.5, 3.0, "x"]),
     "stop": st.lists(st.text(max_size=3), min_size=17, max_size=17),
-    "n": st.sampled_from([0, 2]),
+    "n": st.sampled_from([0, 9, "2"]),
     "messages": st.sampled_from([[], [{"role": "robot", "content": "hi"}], [{"content": "hi"}], "hi"]),
-    "logprobs": st.just(True),
+    "logprobs": st.sampled_from(["yes", 2]),
+    "top_logprobs": st.sampled_from([-1, 21]),
+    "logit_bias": st.sampled_from([{"x": 1}, {"1": 101}, {"-1": 0}, [1]]),
     "tools": st.just([]),
     "model": st.sampled_from(["gpt-4o", "", 3]),
     "min_p": st.sampled_from([-0.1, 1.5, "x"]),
@@ -61,6 +63,11 @@ def message() -> st.SearchStrategy[dict[str, Any]]:
                                  optional={"name": st.text(max_size=8)})
 
 
+def one_choice_when_streamed(body: dict[str, Any]) -> dict[str, Any]:
+    """`check_stream` judges a stream of one choice: streamed bodies keep `n` at 1."""
+    return body | {"n": 1} if body.get("stream") and "n" in body else body
+
+
 def valid_body() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {"model": st.just("tiny"), "messages": st.lists(message(), min_size=1, max_size=4),
@@ -71,7 +78,9 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
             "frequency_penalty": st.floats(-2.0, 2.0), "presence_penalty": st.floats(-2.0, 2.0),
             "stream": st.booleans(),
             "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
-            "n": st.just(1), "user": st.text(max_size=8), "max_completion_tokens": st.integers(1, 4),
+            "n": st.integers(1, 3), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 20),
+            "logit_bias": st.dictionaries(st.integers(0, 1 << 20).map(str), st.floats(-100, 100), max_size=3),
+            "user": st.text(max_size=8), "max_completion_tokens": st.integers(1, 4),
             "min_p": st.floats(0.0, 1.0), "repetition_penalty": st.floats(1e-3, 10.0),
             "min_tokens": st.integers(0, 4), "ignore_eos": st.booleans(),
             "stop_token_ids": st.lists(st.integers(0, 1 << 20), max_size=3),
@@ -80,7 +89,7 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
             "store": st.booleans(), "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4)),
             "modalities": st.just(["text"]), "parallel_tool_calls": st.booleans(),
         },
-    )
+    ).map(one_choice_when_streamed)
 
 
 @st.composite

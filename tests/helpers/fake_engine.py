@@ -1,32 +1,58 @@
 """A typed fake `Engine` for the api tier: scripted text, scripted refusals and failures, no model.
 
 It fits `llmd.engine.client.Engine` exactly (mypy checks `_fits`); what it was asked and how its
-streams ended is recorded so a test can assert on it (`submitted`, `streams`).
+streams ended is recorded so a test can assert on it (`submitted`, `streams`, `choice_counts`).
+Asked for logprobs, each event carries fake ones (`fake_logprobs`): the piece's text, its UTF-8
+bytes, a logprob that falls by 0.25 per position (plus the choice's `choice_scores` entry), and
+top tokens led by the sampled one; prompt logprobs name token id t `<t>` (the text a token-id
+prompt echoes as).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from llmd.engine.client import Engine, context_budget
+from llmd.engine.client import Engine, choice_seed, context_budget
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     CompletionPrompt,
     EngineStats,
     FinishReason,
     InfillInput,
+    Logprob,
     SamplingParams,
     TemplateOptions,
     TokenEvent,
+    TokenLogprobs,
 )
 from llmd.errors import InvalidRequest, LlmdError, Overloaded, ShuttingDown, UnsupportedParameter
 
 DEFAULT_PIECES = ("Hello", ",", " world", "!")
 FIM_END_IDS = (90, 91)  # the fake's FIM pad and file-separator tokens
+INCOMPLETE = "\ufffd"  # an empty piece stands for half a character: its token's text
+HALF_CHARACTER = b"\xe2\x82"  # and its raw bytes (the first two of "€")
+
+
+def fake_logprobs(piece: str, position: int, top: int, score: float = 0.0) -> TokenLogprobs:
+    """The fake's logprobs of `piece` at `position`: falling by 0.25 a position, `top` entries led
+    by the sampled token, the others `alt1`, `alt2`, ... each 1.0 less likely."""
+    text, raw = (piece, piece.encode()) if piece else (INCOMPLETE, HALF_CHARACTER)
+    chosen = Logprob(100 + position, text, raw, -0.25 * (position + 1) + score)
+    others = tuple(Logprob(200 + j, f"alt{j}", f"alt{j}".encode(), chosen.logprob - j) for j in range(1, top))
+    return TokenLogprobs(chosen, (chosen, *others)[:top])
+
+
+def fake_prompt_logprobs(prompt_ids: Sequence[int], top: int) -> tuple[TokenLogprobs | None, ...]:
+    """A prompt's fake logprobs: none for the first token, then `<id>` at -1.0 each."""
+    def position(token_id: int) -> TokenLogprobs:
+        chosen = Logprob(token_id, f"<{token_id}>", f"<{token_id}>".encode(), -1.0)
+        return TokenLogprobs(chosen, (chosen,)[:top])
+
+    return (None, *(position(t) for t in prompt_ids[1:]))
 
 
 @dataclass
@@ -37,6 +63,9 @@ class FakeStream:
     max_tokens: int
     failure: LlmdError | None = None
     fail_after: int = 0
+    params: SamplingParams | None = None  # its logprobs asks are honoured
+    prompt_ids: Sequence[int] = ()
+    score: float = 0.0  # added to every fake logprob of this stream
     completion_tokens: int = 0
     closed: bool = False
     finished: bool = False
@@ -52,9 +81,21 @@ class FakeStream:
                 raise self.failure
             self.completion_tokens = index + 1
             last = index == count - 1
-            yield TokenEvent(piece, index + 1, finish_reason(count, self.max_tokens) if last else None)
+            finish = finish_reason(count, self.max_tokens) if last else None
+            yield TokenEvent(piece, index + 1, finish, logprobs=self.logprobs(piece, index),
+                             prompt_logprobs=self.prompt_logprobs(index))
             await asyncio.sleep(0)
         self.finished = True
+
+    def logprobs(self, piece: str, index: int) -> TokenLogprobs | None:
+        """The fake logprobs of the piece at `index`, when asked."""
+        asked = None if self.params is None else self.params.logprobs
+        return None if asked is None else fake_logprobs(piece, index, asked, self.score)
+
+    def prompt_logprobs(self, index: int) -> tuple[TokenLogprobs | None, ...] | None:
+        """On the first event, when asked: the prompt's fake logprobs."""
+        asked = None if self.params is None else self.params.prompt_logprobs
+        return None if asked is None or index else fake_prompt_logprobs(self.prompt_ids, asked)
 
     def __enter__(self) -> FakeStream:
         return self
@@ -74,6 +115,9 @@ class FakeEngine:
     """An `Engine` that answers every request with `pieces`, unless told to refuse or fail."""
 
     pieces: Sequence[str] = DEFAULT_PIECES
+    choice_pieces: Sequence[Sequence[str]] = ()  # choice i's pieces (of `submit_choices`), if given
+    choice_scores: Sequence[float] = ()  # added to choice i's fake logprobs, if given
+    max_running: int = 8  # `submit_choices` refuses more choices, as the native client does
     max_context: int = 4096
     prompt_tokens: int = 7
     refusal: LlmdError | None = None  # raised by `submit` (Overloaded, ShuttingDown, ...)
@@ -89,6 +133,7 @@ class FakeEngine:
     infills: list[InfillInput] = field(default_factory=list)
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
+    choice_counts: list[int] = field(default_factory=list)  # `n` of each `submit_choices`
 
     def __post_init__(self) -> None:
         self.ready.set()
@@ -132,8 +177,27 @@ class FakeEngine:
         if self.refusal is not None:
             raise self.refusal
         self.submitted.append((prompt_ids, params))
-        stream = FakeStream(self.pieces, params.max_tokens, self.failure, self.fail_after)
+        stream = FakeStream(self.pieces, params.max_tokens, self.failure, self.fail_after, params, prompt_ids)
         self.streams.append(stream)
+        return stream
+
+    def submit_choices(self, prompt_ids: list[int], params: SamplingParams, n: int) -> list[FakeStream]:
+        """`n` scripted streams, choice i seeded `seed + i` (`choice_pieces`, `choice_scores` per choice);
+        refused as `submit` is, and naming `n` past `max_running`."""
+        if n > self.max_running:
+            raise InvalidRequest(f"`n` ({n}) exceeds the {self.max_running} requests this profile runs "
+                                 "at once", param="n")
+        self.choice_counts.append(n)
+        return [self.submit_choice(prompt_ids, replace(params, seed=choice_seed(params.seed, i)), i)
+                for i in range(n)]
+
+    def submit_choice(self, prompt_ids: list[int], params: SamplingParams, index: int) -> FakeStream:
+        """Choice `index` of a `submit_choices`: `submit`, with the choice's own script."""
+        stream = self.submit(prompt_ids, params)
+        if self.choice_pieces:
+            stream.pieces = self.choice_pieces[index % len(self.choice_pieces)]
+        if self.choice_scores:
+            stream.score = self.choice_scores[index % len(self.choice_scores)]
         return stream
 
     def stats(self) -> EngineStats:

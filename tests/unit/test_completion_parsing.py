@@ -58,6 +58,10 @@ def test_too_many_prompts_are_refused() -> None:
         ({"echo": True, "suffix": "x"}, "echo"),
         ({"logprobs": 6}, "logprobs"),
         ({"best_of": 0}, "best_of"),
+        ({"n": 9}, "n"),
+        ({"n": 3, "best_of": 2}, "best_of"),
+        ({"best_of": 3, "stream": True}, "best_of"),
+        ({"n": 2, "best_of": 3, "stream": True}, "best_of"),
     ],
 )
 def test_bad_values_name_the_param(fields: dict, param: str) -> None:
@@ -66,15 +70,16 @@ def test_bad_values_name_the_param(fields: dict, param: str) -> None:
     assert err.value.param == param and err.value.status == 400
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"logprobs": 1}, "logprobs"),
-     ({"logit_bias": {"50256": -100}}, "logit_bias"), ({"frobnicate": 1}, "frobnicate")],
-)
-def test_options_not_served_yet_are_refused_by_name(fields: dict, param: str) -> None:
+def test_an_unknown_field_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedParameter) as err:
-        parse_completion_body(body(**fields))
-    assert err.value.param == param and err.value.code == "unsupported_parameter"
+        parse_completion_body(body(frobnicate=1))
+    assert err.value.param == "frobnicate" and err.value.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("fields", [{"n": 2, "stream": True}, {"n": 2, "best_of": 2, "stream": True},
+                                    {"n": 2, "best_of": 5}, {"logprobs": 5, "echo": True, "stream": True}])
+def test_choices_and_logprobs_are_served(fields: dict) -> None:
+    parse_completion_body(body(**fields))
 
 
 def test_the_served_values_of_those_options_are_accepted() -> None:
@@ -94,3 +99,33 @@ def test_sampling_params_follow_the_body() -> None:
     assert to_text_sampling_params(parse_completion_body(body(stop="\n")), 4).stop == ("\n",)
     default = to_text_sampling_params(parse_completion_body(body()), 16)
     assert (default.temperature, default.top_p, default.top_k, default.stop) == (1.0, 1.0, 0, ())
+
+
+@pytest.mark.parametrize(
+    ("fields", "logprobs", "prompt_logprobs"),
+    [
+        ({}, None, None),
+        ({"logprobs": 0}, 0, None),
+        ({"logprobs": 3, "echo": True}, 3, 3),
+        ({"echo": True}, None, None),
+        ({"n": 2, "best_of": 4}, 0, None),  # ranking needs the sampled tokens' logprobs
+        ({"n": 2, "best_of": 4, "logprobs": 2}, 2, None),
+        ({"n": 2, "best_of": 2}, None, None),  # nothing is dropped, so nothing is ranked
+    ],
+)
+def test_logprobs_are_asked_when_returned_or_ranked(fields: dict, logprobs: int | None,
+                                                    prompt_logprobs: int | None) -> None:
+    params = to_text_sampling_params(parse_completion_body(body(**fields)), 16)
+    assert (params.logprobs, params.prompt_logprobs) == (logprobs, prompt_logprobs)
+
+
+def test_logit_bias_reaches_the_sampling_params_as_id_pairs() -> None:
+    params = to_text_sampling_params(parse_completion_body(body(logit_bias={"50256": -100, "7": 2.5})), 16)
+    assert params.logit_bias == ((50256, -100.0), (7, 2.5))
+
+
+def test_choices_count_against_the_prompts_a_request_may_hold() -> None:
+    assert len(prompt_list(["x"] * (MAX_PROMPTS // 8), 8)) == MAX_PROMPTS // 8
+    with pytest.raises(InvalidRequest, match="8 choices each") as err:
+        prompt_list(["x"] * (MAX_PROMPTS // 8 + 1), 8)
+    assert err.value.param == "prompt"

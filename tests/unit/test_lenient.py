@@ -22,9 +22,10 @@ HARMLESS = {
     "store": False, "metadata": {"run": "7"}, "service_tier": "auto", "user": "u-1",
     "safety_identifier": "s-1", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
     "verbosity": "low", "parallel_tool_calls": True, "stream_options": {"include_usage": True},
-    "modalities": ["text"], "n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {},
-    "response_format": {"type": "text"},
+    "modalities": ["text"], "response_format": {"type": "text"},
 }
+# Served now (api/chat.py), so no longer on the allow-list; these values are the defaults.
+SERVED = {"n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {}}
 ASSISTANT_FIELDS = {"refusal": None, "annotations": [{"type": "url_citation"}], "audio": None,
                     "function_call": None, "tool_calls": []}
 
@@ -52,8 +53,12 @@ def test_each_harmless_request_field_is_accepted(field: str) -> None:
 
 
 def test_all_harmless_fields_at_once_are_accepted_and_listed_as_ignored() -> None:
-    parsed = parse_body(body(**HARMLESS))
+    parsed = parse_body(body(**HARMLESS, **SERVED))
     assert set(ignored_fields(parsed)) == set(HARMLESS)
+
+
+def test_the_served_options_are_not_on_the_allow_list() -> None:
+    assert not set(SERVED) & set(IGNORED_FIELDS)
 
 
 @pytest.mark.parametrize("field", sorted(ASSISTANT_FIELDS))
@@ -120,10 +125,6 @@ def test_unknown_fields_come_before_a_bad_value() -> None:
 @pytest.mark.parametrize(("fields", "param"), [
     ({"modalities": ["audio"]}, "modalities"),
     ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"n": 3}, "n"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
-    ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"messages": [USER, {"role": "assistant", "audio": {"id": "a1"}}]}, "messages[1].audio"),
@@ -140,10 +141,10 @@ def test_a_value_that_asks_for_more_than_text_is_refused_by_name(fields: dict, p
 
 def test_several_refused_values_are_named_in_one_400() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}]
-    error = refusal_of(body(modalities=["audio"], n=2, logprobs=True,
+    error = refusal_of(body(modalities=["audio"], response_format={"type": "json_object"},
                             messages=[{"role": "user", "content": parts}]))
-    assert error.param == "logprobs" and error.message.startswith("4 fields are refused")
-    named = ("modalities", "n", "logprobs", "messages[0].content[1].type")
+    assert error.param == "modalities" and error.message.startswith("3 fields are refused")
+    named = ("modalities", "response_format", "messages[0].content[1].type")
     assert all(f"`{param}`" in error.message for param in named)
 
 

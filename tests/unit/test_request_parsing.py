@@ -24,7 +24,8 @@ def body(**fields: object) -> bytes:
         ({"temperature": -0.1}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 9}, "n"),
         ({"presence_penalty": 2.1}, "presence_penalty"),
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"top_p": 0}, "top_p"),
@@ -47,7 +48,7 @@ def test_out_of_range_or_wrong_type_names_the_param(fields: dict, param: str) ->
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", []), ("logit_bias", {"42": 5}), ("response_format", {}), ("top_logprobs", 2), ("n", 2),
+    ("tools", []), ("response_format", {}),
 ])
 def test_unimplemented_openai_fields_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(UnsupportedParameter) as err:
