@@ -35,7 +35,7 @@ class Generated:
     parts: list[str] = field(default_factory=list)
     finish_reason: str = "stop"
     scored: list[Scored] | None = None
-    prompt: tuple[TokenLogprobs | None, ...] | None = None
+    prompt: tuple[TokenLogprobs, ...] | None = None
     length: int = 0  # characters of text so far
 
     @property

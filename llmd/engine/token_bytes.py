@@ -14,12 +14,10 @@ import math
 import re
 from typing import Any
 
-from llmd.engine.types import Logprob, RawScores, TokenLogprobs
+from llmd.engine.types import LOGPROB_FLOOR, Logprob, RawScores, TokenLogprobs
 
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 SENTENCEPIECE_SPACE = "\u2581"
-# OpenAI's logprob for a token the model rules out: -inf (a -inf logit) is not JSON.
-LOGPROB_FLOOR = -9999.0
 
 
 def byte_level_alphabet() -> dict[str, int]:
@@ -79,10 +77,10 @@ class TokenBytes:
             return bytes([int(byte[1], 16)])
         return token.replace(SENTENCEPIECE_SPACE, " ").encode()
 
-    def logprob(self, token_id: int, value: float) -> Logprob:
-        """One token's `Logprob`; a non-finite value becomes `LOGPROB_FLOOR`."""
+    def logprob(self, token_id: int, value: float | None) -> Logprob:
+        """One token's `Logprob`; a non-finite value becomes `LOGPROB_FLOOR` (None stays: unscored)."""
         text, raw = self.piece(token_id)
-        return Logprob(token_id, text, raw, value if math.isfinite(value) else LOGPROB_FLOOR)
+        return Logprob(token_id, text, raw, value if value is None or math.isfinite(value) else LOGPROB_FLOOR)
 
     def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
         """A position's scores with each token's text and bytes."""

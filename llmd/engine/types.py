@@ -30,6 +30,8 @@ class FinishReason(enum.Enum):
 # Below this temperature sampling is argmax (vLLM's floor too): dividing logits by a smaller
 # one only overflows float32 (1e-38 did, into a NaN softmax) and picks the argmax anyway.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+# OpenAI's logprob for a token the model rules out: -inf (a -inf logit) is not JSON.
+LOGPROB_FLOOR = -9999.0
 SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound a wire int that high)
 
 
@@ -147,7 +149,7 @@ class Logprob:
     token_id: int
     text: str  # the token's bytes decoded, U+FFFD where they end inside a character
     raw: bytes  # the token's own bytes (part of a character, for a byte-level BPE)
-    logprob: float
+    logprob: float | None  # None for a prompt's first token: nothing predicted it
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +175,9 @@ class TokenEvent:
     queued_seconds: float | None = None  # on a request's first event: how long it waited
     # The token's logprobs when asked; None for a token whose text is not output (EOS, a stop id).
     logprobs: TokenLogprobs | None = None
-    # On the first event when `prompt_logprobs` was asked: each prompt token's (None for the first).
-    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    # On the first event when `prompt_logprobs` was asked: each prompt token's (the first one's
+    # logprob None, and no alternatives).
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

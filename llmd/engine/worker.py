@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmd.engine")
 
-PromptLogprobs = tuple[TokenLogprobs | None, ...]
+PromptLogprobs = tuple[TokenLogprobs, ...]
 Delivery = Callable[[list[tuple[str, TokenEvent]]], None]
 WARMUP_TOKENS = 4
 
@@ -352,7 +352,8 @@ class EngineWorker:
             return None
         assert self.tokenizer is not None
         pieces = self.tokenizer.token_bytes
-        return tuple(None if position is None else pieces.token_logprobs(position) for position in scores)
+        first = TokenLogprobs(pieces.logprob(request.prompt_ids[0], None))  # nothing predicts it
+        return first, *(pieces.token_logprobs(position) for position in scores[1:] if position is not None)
 
     def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"

@@ -132,9 +132,10 @@ def test_completions_echo_with_logprobs_starts_with_the_prompts_tokens(daemon: D
     tokens, offsets = logprobs.tokens or [], logprobs.text_offset or []
     assert len(tokens) == len(offsets) == result.usage.prompt_tokens + result.usage.completion_tokens
     assert (logprobs.token_logprobs or [])[0] is None and (logprobs.top_logprobs or [])[0] is None
-    assert "".join(tokens) == choice.text  # the lead of the demo text is plain ASCII
+    assert tokens[0] == "<|begin_of_text|>" and offsets[0] == 0  # the BOS the prompt starts with
+    assert "".join(tokens[1:]) == choice.text  # the lead of the demo text is plain ASCII
     assert offsets == sorted(offsets) and offsets[result.usage.prompt_tokens] == len(PROMPT)
-    assert all(choice.text[o:].startswith(t) for o, t in zip(offsets, tokens, strict=True))
+    assert all(choice.text[o:].startswith(t) for o, t in zip(offsets[1:], tokens[1:], strict=True))
     tops = (logprobs.top_logprobs or [])[1:]
     assert all(top is not None and 1 <= len(top) <= 3 for top in tops)
 

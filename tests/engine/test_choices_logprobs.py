@@ -76,11 +76,12 @@ def test_prompt_logprobs_cover_every_prompt_token_even_when_its_prefix_is_cached
     assert count == 2
     assert len(prompt) > 128  # more than one scored piece
     scores = first.prompt_logprobs
-    assert scores is not None and len(scores) == len(prompt) and scores[0] is None
+    assert scores is not None and len(scores) == len(prompt)
+    assert scores[0].chosen.token_id == prompt[0] and scores[0].chosen.logprob is None  # nothing predicts it
     expected = raw_logprobs(tiny_model, prompt)
     for position in range(1, len(prompt)):
         entry = scores[position]
-        assert entry is not None and entry.chosen.token_id == prompt[position]
+        assert entry.chosen.token_id == prompt[position]
         check_position(entry, expected[position - 1], 2)
 
 

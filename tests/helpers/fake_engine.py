@@ -46,13 +46,13 @@ def fake_logprobs(piece: str, position: int, top: int, score: float = 0.0) -> To
     return TokenLogprobs(chosen, (chosen, *others)[:top])
 
 
-def fake_prompt_logprobs(prompt_ids: Sequence[int], top: int) -> tuple[TokenLogprobs | None, ...]:
-    """A prompt's fake logprobs: none for the first token, then `<id>` at -1.0 each."""
-    def position(token_id: int) -> TokenLogprobs:
-        chosen = Logprob(token_id, f"<{token_id}>", f"<{token_id}>".encode(), -1.0)
-        return TokenLogprobs(chosen, (chosen,)[:top])
+def fake_prompt_logprobs(prompt_ids: Sequence[int], top: int) -> tuple[TokenLogprobs, ...]:
+    """A prompt's fake logprobs: `<id>` each, none for the first token, then -1.0 each."""
+    def position(token_id: int, logprob: float | None) -> TokenLogprobs:
+        chosen = Logprob(token_id, f"<{token_id}>", f"<{token_id}>".encode(), logprob)
+        return TokenLogprobs(chosen, (chosen,)[:top] if logprob is not None else ())
 
-    return (None, *(position(t) for t in prompt_ids[1:]))
+    return (position(prompt_ids[0], None), *(position(t, -1.0) for t in prompt_ids[1:]))
 
 
 @dataclass
@@ -92,7 +92,7 @@ class FakeStream:
         asked = None if self.params is None else self.params.logprobs
         return None if asked is None else fake_logprobs(piece, index, asked, self.score)
 
-    def prompt_logprobs(self, index: int) -> tuple[TokenLogprobs | None, ...] | None:
+    def prompt_logprobs(self, index: int) -> tuple[TokenLogprobs, ...] | None:
         """On the first event, when asked: the prompt's fake logprobs."""
         asked = None if self.params is None else self.params.prompt_logprobs
         return None if asked is None or index else fake_prompt_logprobs(self.prompt_ids, asked)

@@ -46,7 +46,7 @@ def test_collect_all_reads_every_stream() -> None:
 
 def test_generated_takes_the_prompt_logprobs_and_the_finish() -> None:
     generated = Generated(scored=[])
-    prompt = (None, fake_logprobs("x", 0, 0))
+    prompt = (fake_logprobs("w", 0, 0), fake_logprobs("x", 0, 0))
     generated.add(TokenEvent("a", 1, prompt_logprobs=prompt, logprobs=fake_logprobs("a", 0, 0)))
     generated.add(TokenEvent("", 2, FinishReason.LENGTH))  # an EOS-like end: no logprobs
     assert generated.prompt == prompt and generated.finish_reason == "length"

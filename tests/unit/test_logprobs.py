@@ -14,6 +14,7 @@ from llmd.api.logprobs import (
     floored,
     prompt_scored,
     shifted,
+    token_logprob,
     top_dict,
 )
 from llmd.engine.types import Logprob, TokenLogprobs
@@ -62,8 +63,12 @@ def test_legacy_logprobs_are_parallel_lists() -> None:
     assert list(wire) == ["text_offset", "token_logprobs", "tokens", "top_logprobs"]  # OpenAI's order
 
 
+FIRST = TokenLogprobs(Logprob(7, "Hello", b"Hello", None))  # a prompt's first token: nothing predicts it
+
+
 def test_an_echoed_prompt_starts_with_a_token_that_has_no_logprob() -> None:
-    positions = (None, position(Logprob(5, " world", b" world", -2.0)), position(Logprob(6, "!", b"!", -0.1)))
+    positions = (FIRST, position(Logprob(5, " world", b" world", -2.0)),
+                 position(Logprob(6, "!", b"!", -0.1)))
     scored = prompt_scored("Hello world!", positions)
     legacy = completion_logprobs(scored)
     assert legacy.tokens == ["Hello", " world", "!"] and legacy.text_offset == [0, 5, 11]
@@ -72,13 +77,23 @@ def test_an_echoed_prompt_starts_with_a_token_that_has_no_logprob() -> None:
 
 
 def test_a_prompt_whose_tokens_do_not_spell_it_still_has_bounded_offsets() -> None:
-    positions = (None, position(Logprob(5, "<|special|>", b"", -2.0)))
+    positions = (FIRST, position(Logprob(5, "<|special|>", b"", -2.0)))
     scored = prompt_scored("ab", positions)
-    assert [s.token for s in scored] == ["", "<|special|>"] and all(s.offset <= 2 for s in scored)
+    assert [s.token for s in scored] == ["Hello", "<|special|>"] and [s.offset for s in scored] == [0, 0]
     assert prompt_scored("ab", ()) == []
-    assert [s.token for s in prompt_scored("ab", (None,))] == ["ab"]
+    assert completion_logprobs([Scored(0, "x", position(HI))]).top_logprobs == [{"Hi": -1.5}]
+    assert top_dict(FIRST) is None and token_logprob(FIRST).logprob == LOGPROB_FLOOR
 
 
 def test_generated_tokens_follow_the_echo_in_offsets() -> None:
     scored = [Scored(0, "Hi", position(HI)), Scored(2, "!", position(HI))]
     assert [s.offset for s in shifted(scored, 12)] == [12, 14] and shifted(scored, 0) == scored
+
+
+def test_prompt_offsets_follow_the_bytes_control_tokens_take_none_and_split_characters_share_one() -> None:
+    bos = TokenLogprobs(Logprob(0, "<s>", b"<s>", None))
+    head, tail = b"\xe2\x82", b"\xac"  # "€" in two tokens
+    pieces = [bos, position(Logprob(1, "\ufffd", head, -1.0)), position(Logprob(2, "\ufffd", tail, -1.0)),
+              position(Logprob(3, "!", b"!", -1.0))]
+    assert [s.offset for s in prompt_scored("€!", pieces)] == [0, 0, 0, 1]
+
