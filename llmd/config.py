@@ -71,6 +71,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_queue: Annotated[int, Meta(ge=0)] = 64
     prefill_chunk_tokens: Positive = 32
     max_step_tokens: Positive = 2048
+    lone_prefill_tokens: Positive = 256
     burst_window_ms: Annotated[float, Meta(ge=0, le=50)] = 0.0
     prefix_cache_tokens: Annotated[int, Meta(ge=0)] = 16384
     prefix_min_match: Positive = 16
@@ -247,6 +248,9 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.max_step_tokens < profile.prefill_chunk_tokens:
         refuse("max_step_tokens", f"{profile.max_step_tokens} is below `prefill_chunk_tokens` "
                                   f"{profile.prefill_chunk_tokens}; a step must fit one chunk")
+    if profile.lone_prefill_tokens > profile.max_step_tokens:
+        refuse("lone_prefill_tokens", f"{profile.lone_prefill_tokens} exceeds `max_step_tokens` "
+                                      f"{profile.max_step_tokens}; a piece is one step")
     if profile.prefix_min_match > profile.max_context:
         refuse("prefix_min_match", f"{profile.prefix_min_match} exceeds `max_context` "
                                    f"{profile.max_context}")

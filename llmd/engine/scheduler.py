@@ -53,14 +53,21 @@ class Scheduler:
 
     A request with followers (more choices of its prompt) is admitted only when there are slots
     for all of them: they are forked from its prefill and `join` the running set then.
+
+    A lone prompt (nobody decodes, nobody else to prefill) goes in pieces of
+    `lone_prefill_tokens` instead (`lone_piece`), so that an abort, which lands between
+    steps, frees the worker within one piece; so does a prompt already split while nobody
+    decodes, whoever arrives meanwhile waiting behind it.
     """
 
     def __init__(
-        self, max_running: int, prefill_chunk_tokens: int, max_step_tokens: int | None = None
+        self, max_running: int, prefill_chunk_tokens: int, max_step_tokens: int | None = None,
+        lone_prefill_tokens: int | None = None,
     ) -> None:
         self.max_running = max_running
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_step_tokens = max(max_step_tokens or prefill_chunk_tokens, prefill_chunk_tokens)
+        self.lone_prefill_tokens = min(lone_prefill_tokens or self.max_step_tokens, self.max_step_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -72,6 +79,9 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Everyone prefilled decodes; the oldest unprefilled prompts share the step's budget."""
         plan = StepPlan(decode=[r for r in self.running if r.prefill_done])
+        lone = None if plan.decode else self._lone()
+        if lone is not None:
+            return self._lone_step(plan, lone)
         budget = self.prefill_chunk_tokens if plan.decode else self.max_step_tokens
         for request in self._prefill_candidates():
             remaining = len(request.prompt_ids) - request.prefilled
@@ -80,15 +90,44 @@ class Scheduler:
                 size = remaining  # a separate pass for a short tail costs a whole step's overhead
             if size < remaining and plan.prefill:
                 break  # a later prompt is only split when it is the oldest in line
-            if request.status is RequestStatus.WAITING:
-                self.waiting.popleft()
-                request.queued_seconds = time.monotonic() - request.arrived
-                request.status = RequestStatus.RUNNING
-                self.running.append(request)
+            self._admit(request)
             plan.prefill.append(PrefillChunk(request, request.prefilled, request.prefilled + size))
             budget -= size
             if budget <= 0:
                 break
+        return plan
+
+    def _admit(self, request: Request) -> None:
+        """Move the oldest waiter into the running set (a running request stays as it is)."""
+        if request.status is RequestStatus.WAITING:
+            self.waiting.popleft()
+            request.queued_seconds = time.monotonic() - request.arrived
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+
+    def _lone(self) -> Request | None:
+        """With nobody decoding: the prompt to prefill in pieces, if any. That is one already
+        split (it carries on; newcomers wait) or the only prompt there is to prefill."""
+        started = [r for r in self.running if not r.prefill_done]
+        if started:
+            return started[0]
+        return self.waiting[0] if self._admissible(limit=2) == 1 else None
+
+    def _admissible(self, limit: int) -> int:
+        """How many waiters (up to `limit`) the free slots take in order, each with its followers."""
+        free, count = self.max_running - self.occupied, 0
+        for request in self.waiting:
+            if count == limit or request.group_size > free:
+                break
+            free, count = free - request.group_size, count + 1
+        return count
+
+    def _lone_step(self, plan: StepPlan, request: Request) -> StepPlan:
+        """A step of one piece of the lone prompt."""
+        self._admit(request)
+        remaining = len(request.prompt_ids) - request.prefilled
+        size = lone_piece(remaining, self.lone_prefill_tokens, self.max_step_tokens)
+        plan.prefill.append(PrefillChunk(request, request.prefilled, request.prefilled + size))
         return plan
 
     def _tail(self, size: int) -> int:
@@ -150,3 +189,11 @@ def aborted(request: Request) -> Request:
     """Mark a request dropped from the scheduler as aborted; returns it."""
     request.status = RequestStatus.ABORTED
     return request
+
+
+def lone_piece(remaining: int, piece: int, max_step_tokens: int) -> int:
+    """Tokens of a lone prompt's next piece: `piece`, or the whole rest when what would be left
+    after it is a quarter piece or less (within `max_step_tokens`), not worth a pass of its own."""
+    if remaining - piece <= min(piece // 4, max_step_tokens - piece):
+        return remaining
+    return piece

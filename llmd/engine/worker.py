@@ -68,7 +68,8 @@ class EngineWorker:
         self.model_dir = model_dir
         self.profile = profile
         self.hooks = hooks if hooks is not None else WorkerHooks()
-        self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens, profile.max_step_tokens)
+        self.scheduler = Scheduler(profile.max_running, profile.prefill_chunk_tokens, profile.max_step_tokens,
+                                   profile.lone_prefill_tokens)
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
         self._arriving = 0  # requests being tokenized that will be submitted next
@@ -256,7 +257,7 @@ class EngineWorker:
             return
         aborted = self.scheduler.abort(item)
         if aborted is not None:
-            self._release(item)
+            self._abandon(aborted)
             self.aborted += 1
             self._orphan_followers(aborted)
 
@@ -268,6 +269,16 @@ class EngineWorker:
         message = "generation failed: the request's first choice was cancelled before its prefill"
         self.hooks.deliver([(f.request_id, self._end_with_error(f, message)) for f in leader.followers])
         leader.followers.clear()
+
+    def _abandon(self, request: Request) -> None:
+        """Release an aborted request, leaving what it prefilled in the prefix cache for those
+        waiting: an editor closes a completion request to send the next keystroke's, over the
+        same file."""
+        assert self.runner is not None
+        if self.runner.keep_prefilled(request):
+            for waiting in self.scheduler.waiting:
+                self.runner.reseed(waiting)
+        self._release(request.request_id)
 
     def _step(self) -> None:
         assert self.runner is not None

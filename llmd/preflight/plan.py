@@ -153,7 +153,8 @@ def prefill_tokens(profile: Profile) -> int:
     """Prompt tokens in the largest forward pass.
 
     That is `max_step_tokens` (a burst of newcomers prefilled together while nobody decodes),
-    never less than one `prefill_chunk_tokens` chunk.
+    never less than one `prefill_chunk_tokens` chunk. A lone prompt's pieces
+    (`lone_prefill_tokens`) are never larger: the config refuses it.
     """
     return max(profile.prefill_chunk_tokens, profile.max_step_tokens)
 

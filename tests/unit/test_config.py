@@ -96,6 +96,8 @@ def test_parse_size_refuses(text: str) -> None:
         ("sdpa_backends: [math, math]\n", "sdpa_backends", "twice"),
         ("max_context: 64\nprefill_chunk_tokens: 128\n", "prefill_chunk_tokens", "max_context"),
         ("memory_headroom: lots\n", "memory_headroom", "not a size"),
+        ("max_step_tokens: 256\nlone_prefill_tokens: 512\n", "lone_prefill_tokens", "max_step_tokens"),
+        ("lone_prefill_tokens: 0\n", "lone_prefill_tokens", ">= 1"),
         ("dtype: float16\n", "dtype", "float32 or bfloat16"),
         ("sdpa_backends: [fast]\n", "sdpa_backends", "one of: flash, efficient, cudnn, math"),
         ("quantization: int3\n", "quantization", "one of: none, nf4"),
@@ -108,6 +110,15 @@ def test_contradictions_name_the_key(tmp_path: Path, body: str, key: str, proble
         load_profile(str(path))
     assert str(path) in err.value.message and f"`{key}" in err.value.message
     assert problem in err.value.message
+
+
+def test_every_shipped_profile_sets_its_lone_prefill_piece_under_its_reason() -> None:
+    for name in shipped_profiles():
+        lines = (Path(__file__).parents[2] / "profiles" / f"{name}.yaml").read_text().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("lone_prefill_tokens:"))
+        assert lines[at - 1].startswith("#")  # the measurement (or its absence) that chose it
+        profile = load_profile(name)
+        assert profile.prefill_chunk_tokens <= profile.lone_prefill_tokens <= profile.max_step_tokens
 
 
 def test_shipped_gpu_profiles_are_what_the_names_say() -> None:

@@ -313,3 +313,10 @@ def test_profile_auto_picks_by_gpu_memory_then_cpu(facts: HardwareFacts, chosen:
     name, why = choose_profile(facts)
     assert (name, reason in why) == (chosen, True), why
     load_profile(name)  # a shipped profile
+
+
+def test_the_prefill_workspace_is_planned_for_a_whole_step_whatever_the_lone_piece() -> None:
+    budget = gpu_memory_budget("1TiB")
+    pieces = [memory_plan(LLAMA, replace(BF16, lone_prefill_tokens=size), budget) for size in (512, 2048)]
+    workspaces = [next(item for item in plan.items if item.name == "prefill workspace") for plan in pieces]
+    assert workspaces[0] == workspaces[1] and "2048-token prefill step" in workspaces[0].note

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmd.engine.scheduler import Scheduler, StepPlan
+from llmd.engine.scheduler import Scheduler, StepPlan, lone_piece
 from llmd.engine.types import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -161,3 +161,67 @@ def test_a_follower_aborted_before_its_fork_leaves_its_group() -> None:
     assert ids(leader.followers) == ["g2"] and ids(list(scheduler.waiting)) == ["g"]
     assert scheduler.abort("g1") is None
     assert scheduler.abort("g") is leader and not scheduler.has_work
+
+def test_a_lone_long_prompt_is_prefilled_in_pieces() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=100, lone_prefill_tokens=16)
+    scheduler.add(request("long", prompt_tokens=40))
+    chunks = [chunk for _ in range(3) for chunk in run_chunks(scheduler.schedule())]
+    assert chunks == [("long", 0, 16, False), ("long", 16, 32, False), ("long", 32, 40, True)]
+
+
+def test_a_burst_is_still_prefilled_in_one_pass() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=100, lone_prefill_tokens=16)
+    for name in ("a", "b", "c"):
+        scheduler.add(request(name, prompt_tokens=30))
+    assert run_chunks(scheduler.schedule()) == [("a", 0, 30, True), ("b", 0, 30, True), ("c", 0, 30, True)]
+
+
+def test_a_prompt_split_alone_carries_on_in_pieces_while_a_newcomer_waits() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=100, lone_prefill_tokens=16)
+    scheduler.add(request("first", prompt_tokens=40))
+    run_chunks(scheduler.schedule())
+    scheduler.add(request("next", prompt_tokens=10))
+    assert run_chunks(scheduler.schedule()) == [("first", 16, 32, False)]  # an abort could land here
+    assert ids(list(scheduler.waiting)) == ["next"]
+    scheduler.abort("first")
+    assert run_chunks(scheduler.schedule()) == [("next", 0, 10, True)]
+
+
+def test_a_lone_prompt_takes_a_tail_of_a_quarter_piece_or_less_along() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=100, lone_prefill_tokens=16)
+    for size in (20, 21):
+        scheduler.add(request(f"p{size}", prompt_tokens=size))
+        chunks = [chunk for _ in range(2) for chunk in run_chunks(scheduler.schedule())]
+        scheduler.finish(scheduler.running[0], FinishReason.LENGTH)
+        runs = {20: [("p20", 0, 20, True)], 21: [("p21", 0, 16, False), ("p21", 16, 21, True)]}
+        assert chunks == runs[size]  # 16 + a tail of 4 in one pass; a tail of 5 is its own piece
+    tight = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=16, lone_prefill_tokens=16)
+    tight.add(request("twenty", prompt_tokens=20))
+    assert run_chunks(tight.schedule()) == [("twenty", 0, 16, False)]  # a piece never exceeds max_step_tokens
+
+
+def test_the_lone_piece_is_never_above_the_step_budget_and_defaults_to_it() -> None:
+    above = Scheduler(max_running=3, prefill_chunk_tokens=8, max_step_tokens=64, lone_prefill_tokens=99)
+    assert above.lone_prefill_tokens == 64
+    assert Scheduler(max_running=3, prefill_chunk_tokens=8, max_step_tokens=64).lone_prefill_tokens == 64
+
+
+def test_lone_pieces_cover_a_prompt_exactly() -> None:
+    for length in range(1, 200):
+        done, pieces = 0, []
+        while done < length:
+            pieces.append(lone_piece(length - done, 32, 64))
+            done += pieces[-1]
+        assert done == length and all(piece <= 32 + 8 for piece in pieces)
+        assert len(pieces) == 1 or pieces[-1] > 8  # no tail of a quarter piece or less alone
+
+
+def test_a_group_alone_is_prefilled_in_pieces_and_counts_its_followers_slots() -> None:
+    crowded = Scheduler(max_running=4, prefill_chunk_tokens=4, max_step_tokens=100, lone_prefill_tokens=8)
+    crowded.add(group("g", followers=2, prompt_tokens=30))
+    crowded.add(request("b", 30))
+    assert run_chunks(crowded.schedule()) == [("g", 0, 30, True), ("b", 0, 30, True)]  # a burst: one pass
+    tight = Scheduler(max_running=3, prefill_chunk_tokens=4, max_step_tokens=100, lone_prefill_tokens=8)
+    tight.add(group("g", followers=2, prompt_tokens=30))
+    tight.add(request("b", 30))  # no slot left beside the group's three
+    assert run_chunks(tight.schedule()) == [("g", 0, 8, False)]

@@ -6,6 +6,7 @@ module keeps the tensors each stored prompt stands for and seeds a new request's
 
 from __future__ import annotations
 
+import torch
 from transformers import DynamicCache
 
 from llmd.engine.model.prefix_index import PrefixIndex
@@ -41,6 +42,27 @@ class PrefixCache:
         if self.index.fits(token_ids) and layers[0][0].shape[2] == len(token_ids):
             self.index.add(token_ids, layers)
 
+    def store_prefilled(self, token_ids: list[int], cache: DynamicCache) -> bool:
+        """Remember the tokens an unfinished prefill computed, unless a stored prompt already
+        covers them or a value is not finite (no logits were sampled to vouch for them).
+
+        Returns whether they were stored.
+        """
+        layers = [(layer.keys, layer.values) for layer in cache_layers(cache)]
+        if not token_ids or self.index.longest(token_ids) >= len(token_ids) or not finite(layers):
+            return False
+        self.store_layers(token_ids, layers)
+        return self.index.longest(token_ids) == len(token_ids)
+
+    def reseed(self, prompt_ids: list[int], seeded: int, cache: DynamicCache) -> int:
+        """Seed `cache` again for a request seeded with `seeded` tokens, if a longer prefix is
+        stored now; the earlier seed's hit is taken back. Returns the tokens the cache holds
+        (`seeded` when nothing longer is stored, `cache` left untouched)."""
+        if min(self.index.longest(prompt_ids), len(prompt_ids) - 1) <= seeded:
+            return seeded
+        self.index.uncount(seeded)
+        return self.seed(prompt_ids, cache)
+
     def seed(self, prompt_ids: list[int], cache: DynamicCache) -> int:
         """Fill `cache` with the longest stored prefix of `prompt_ids`; returns its length.
 
@@ -52,3 +74,8 @@ class PrefixCache:
         length = match.length
         fill_cache(cache, [(keys[:, :, :length], values[:, :, :length]) for keys, values in match.payload])
         return length
+
+
+def finite(layers: Layers) -> bool:
+    """Whether every key and value is a finite number."""
+    return all(bool(torch.isfinite(keys).all() and torch.isfinite(values).all()) for keys, values in layers)

@@ -72,6 +72,16 @@ class PrefixIndex(Generic[Payload]):
         self.reused_tokens += length
         return PrefixMatch(self._entries[best], length)
 
+    def longest(self, prompt_ids: list[int]) -> int:
+        """The longest prefix of `prompt_ids` some stored prompt shares; a look, not a hit."""
+        return max((shared_prefix_length(key, prompt_ids) for key in self._entries), default=0)
+
+    def uncount(self, length: int) -> None:
+        """Take back one hit of `length` tokens (a request seeded again, with a longer match)."""
+        if length:
+            self.hits -= 1
+            self.reused_tokens -= length
+
     def payloads(self) -> Iterator[Payload]:
         """Every stored payload, least recently used first."""
         return iter(self._entries.values())

@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from llmd.config import Profile
+from llmd.engine.model.abandon import AbandonedPrefills
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
@@ -32,8 +33,9 @@ from llmd.engine.types import Request, Sampled, StepResult
 log = logging.getLogger("llmd.engine")
 
 
-class ModelRunner:
-    """Owns the model; turns prompts and previous tokens into next tokens."""
+class ModelRunner(AbandonedPrefills):
+    """Owns the model; turns prompts and previous tokens into next tokens (and keeps what an
+    aborted prefill computed: `AbandonedPrefills`)."""
 
     def __init__(self, model_dir: str | Path, profile: Profile, sampler: Sampler | None = None) -> None:
         self.sampler = sampler  # None: `sample`, looked up when called
