@@ -126,6 +126,7 @@ async def run_edits(
     interval, start = typing.interval, time.perf_counter()
     for index, document in enumerate(documents):
         if task is not None and typing.pauses_before(index):
+            edits[-1].awaited = True
             await _first_token_or_end(task, edits[-1].stream, typing.pause_max)
             start = time.perf_counter() - index * interval
         await _sleep_until(start + index * interval)

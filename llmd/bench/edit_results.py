@@ -23,6 +23,7 @@ class EditResult:
 
     stream: StreamResult
     closed_at: float | None = None
+    awaited: bool = False  # the user paused on it, waiting for its suggestion (`--pause-every`)
 
     @property
     def kept(self) -> bool:
@@ -91,6 +92,8 @@ class AutocompleteRun:
     ttft_ms_p50: float | None
     ttft_ms_p99: float | None
     ttft_p50_over_cold: float | None
+    paused_ttft_ms_p50: float | None  # of the edits the user paused on: the wait they see
+    paused_p50_over_cold: float | None
     superseded_fraction: float | None
     prefix_hit_rate: float | None
     prefix_tokens_reused_per_request: float | None
@@ -119,6 +122,7 @@ def summarize_edits(
     ttfts = [ttft for stream in kept if (ttft := stream.ttft) is not None]
     superseded = sum(edit.superseded for edit in edits)
     p50, cold_ttft = percentile(ttfts, 50), cold.ttft
+    paused = percentile([t for edit in edits if edit.awaited and (t := edit.stream.ttft) is not None], 50)
     hit_rate, reused = prefix_figures(*counters, len(edits))
     return AutocompleteRun(
         label="autocomplete", repeat=repeat, requests=len(edits), kept=len(kept),
@@ -131,6 +135,7 @@ def summarize_edits(
         cold_prefix_tokens_reused=_reused_between(before_cold, counters[0]),
         ttft_ms_p50=ms(p50), ttft_ms_p99=ms(percentile(ttfts, 99)),
         ttft_p50_over_cold=rounded(ratio(p50, cold_ttft), 4),
+        paused_ttft_ms_p50=ms(paused), paused_p50_over_cold=rounded(ratio(paused, cold_ttft), 4),
         superseded_fraction=rounded(ratio(superseded, len(edits)), 4),
         prefix_hit_rate=hit_rate, prefix_tokens_reused_per_request=reused,
         drain_s=None if drain is None else rounded(drain.seconds),
@@ -207,7 +212,7 @@ class AutocompleteReport:
 
 
 MEDIAN_FIELDS = ("ttft_ms_p50", "ttft_ms_p99", "cold_ttft_ms", "ttft_p50_over_cold",
-                 "prefix_hit_rate", "superseded_fraction")
+                 "paused_ttft_ms_p50", "paused_p50_over_cold", "prefix_hit_rate", "superseded_fraction")
 
 
 def run_medians(runs: Sequence[AutocompleteRun]) -> dict[str, float | None]:

@@ -423,6 +423,7 @@ def test_autocomplete_pauses_until_the_suggestion_shows(fake: Served, capsys: Ca
     assert code == 0 and report["pause_every"] == 2
     (run,) = report["runs"]
     assert run["requests"] == 6 and run["kept"] >= 2  # the requests before edits 2 and 4 were awaited
+    assert run["paused_ttft_ms_p50"] is not None and run["paused_p50_over_cold"] is not None
     assert run["kept"] + run["superseded"] == 6
 
 

@@ -271,7 +271,7 @@ def test_autocomplete_table_and_json() -> None:
     assert "6 edit(s) every 150 ms on a 1500-token file, FIM client" in table
     rows = [line.split() for line in table.splitlines() if line.startswith("autocomplete #")]
     assert len(rows) == 3 and rows[0][2:6] == ["6", "3", "1", "1"]  # sent kept supsd err
-    assert rows[1][6:] == ["200.0", "40.0", "59.6", "0.200", "0.833", "1166.7", "0.100"]
+    assert rows[1][6:] == ["200.0", "40.0", "59.6", "0.200", "-", "0.833", "1166.7", "0.100"]  # no pauses
     assert "medians over 3 repeat(s): ttft_ms_p50 40" in table and "note: a note" in table
     assert "error (autocomplete #1): HTTP 503: busy" in table
     payload = json.loads(format_json(report))
@@ -282,3 +282,12 @@ def test_autocomplete_table_and_json() -> None:
 def test_the_user_pauses_after_every_nth_edit_only_when_asked() -> None:
     assert not any(Typing(0.15).pauses_before(index) for index in range(20))
     assert [index for index in range(12) if Typing(0.15, 4, 5.0).pauses_before(index)] == [4, 8]
+
+
+def test_the_paused_edits_ttft_is_its_own_figure() -> None:
+    edits = _edits()
+    edits[1].awaited = edits[3].awaited = True  # TTFTs 40 and 60 ms
+    before, after = EngineCounters(0, 0, 0, 0), EngineCounters(0, 0, 5, 7000)
+    run = summarize_edits(1, _stream(0.0, 0.2), edits, (before, after), Drain(0.1, 0, 0))
+    assert run.paused_ttft_ms_p50 == 50.0 and run.paused_p50_over_cold == 0.25
+    assert run.ttft_ms_p50 == 40.0  # every kept edit, paused or not
