@@ -69,7 +69,10 @@ def split_events(body: bytes) -> tuple[list[bytes], bytes]:
 
 
 def _check_payloads(payloads: list[Any]) -> StreamCheck:
-    """Every payload is a chunk or the one final error; exactly one terminal event."""
+    """Every payload is a chunk or the one final error; the stream ends once every choice it
+    named has finished (each once, nothing for it after). Reported: the first choice's reason."""
+    seen: set[int] = set()
+    finished: dict[int, str] = {}
     for index, payload in enumerate(payloads):
         if _is_error(payload):
             if index != len(payloads) - 1:
@@ -78,10 +81,26 @@ def _check_payloads(payloads: list[Any]) -> StreamCheck:
             return StreamCheck(StreamVerdict.WHOLE, error_code=str(code), error_type=str(kind))
         if not _is_chunk(payload):
             return _garbled(f"event {index} is neither a chunk nor an error: {str(payload)[:80]}")
-        reason = _finish_reason(payload)
-        if reason is not None:
-            return _after_finish(reason, payloads[index + 1:])
+        problem = _take_choices(payload, seen, finished)
+        if problem:
+            return _garbled(problem)
+        if seen and len(finished) == len(seen):
+            return _after_finish(finished[min(finished)], payloads[index + 1:])
     return _garbled(f"no finish_reason or error in {len(payloads)} events")
+
+
+def _take_choices(chunk: dict[str, Any], seen: set[int], finished: dict[int, str]) -> str:
+    """Note the chunk's choices and their finishes; what is wrong with them ("" when nothing)."""
+    for choice in chunk["choices"]:
+        position = choice.get("index", 0) if isinstance(choice, dict) else None
+        if not isinstance(position, int):
+            return f"a choice without an integer index: {str(choice)[:80]}"
+        if position in finished:
+            return f"a chunk for choice {position} after its finish_reason"
+        seen.add(position)
+        if choice.get("finish_reason") is not None:
+            finished[position] = str(choice["finish_reason"])
+    return ""
 
 
 def _after_finish(reason: str, rest: list[Any]) -> StreamCheck:
@@ -99,11 +118,6 @@ def _is_error(payload: Any) -> bool:
 def _is_chunk(payload: Any) -> bool:
     return (isinstance(payload, dict) and payload.get("object") == "chat.completion.chunk"
             and isinstance(payload.get("choices"), list))
-
-
-def _finish_reason(chunk: dict[str, Any]) -> str | None:
-    reasons = [choice.get("finish_reason") for choice in chunk["choices"] if isinstance(choice, dict)]
-    return next((reason for reason in reasons if reason is not None), None)
 
 
 def _garbled(problem: str) -> StreamCheck:

@@ -63,11 +63,6 @@ def message() -> st.SearchStrategy[dict[str, Any]]:
                                  optional={"name": st.text(max_size=8)})
 
 
-def one_choice_when_streamed(body: dict[str, Any]) -> dict[str, Any]:
-    """`check_stream` judges a stream of one choice: streamed bodies keep `n` at 1."""
-    return body | {"n": 1} if body.get("stream") and "n" in body else body
-
-
 def valid_body() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {"model": st.just("tiny"), "messages": st.lists(message(), min_size=1, max_size=4),
@@ -89,7 +84,7 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
             "store": st.booleans(), "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4)),
             "modalities": st.just(["text"]), "parallel_tool_calls": st.booleans(),
         },
-    ).map(one_choice_when_streamed)
+    )
 
 
 @st.composite

@@ -11,8 +11,9 @@ from llmd.bench.streamcheck import StreamVerdict, check_stream, is_error_body
 DONE = b"data: [DONE]\n\n"
 
 
-def chunk(content: str | None = "hi", finish: str | None = None, usage: bool = False) -> bytes:
-    choices = [] if usage else [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]
+def chunk(content: str | None = "hi", finish: str | None = None, usage: bool = False,
+          index: int = 0) -> bytes:
+    choices = [] if usage else [{"index": index, "delta": {"content": content}, "finish_reason": finish}]
     payload = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": choices}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
@@ -67,3 +68,12 @@ def test_error_bodies_must_have_the_openai_shape() -> None:
     assert is_error_body(ERROR[6:-2])
     assert not is_error_body(b'{"error": "boom"}')
     assert not is_error_body(b"Internal Server Error")
+
+
+def test_a_stream_of_several_choices_ends_when_every_choice_has_finished() -> None:
+    two = chunk(index=0) + chunk(index=1) + chunk(None, "length", index=1)
+    assert check_stream(two + chunk(None, "stop", index=0) + chunk(usage=True) + DONE).outcome == "stop"
+    assert check_stream(two + DONE).verdict is StreamVerdict.GARBLED  # choice 0 never finished
+    late = two + chunk(index=1) + chunk(None, "stop", index=0) + DONE
+    assert "choice 1 after its finish_reason" in check_stream(late).problem
+
