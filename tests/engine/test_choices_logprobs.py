@@ -177,3 +177,26 @@ def test_closing_the_first_choice_early_never_strands_the_others(tiny_model: Pat
         assert [len(e) for e in [await events_of(engine, prompt, greedy(3))]] == [3]  # still serving
 
     run_with_engine(tiny_model, body)
+
+
+def test_choices_forked_inside_a_fused_step_beside_a_running_stream(tiny_model: Path) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5, ignore_eos=True)
+
+    async def body(engine: EngineClient, worker: EngineWorker) -> tuple[Any, ...]:
+        assert worker.runner is not None and worker.runner.fused
+        prompt = await engine.encode_chat(PROMPT)
+        alone = [texts([await events_of(engine, prompt, dataclasses.replace(params, seed=5 + k))])[0]
+                 for k in range(2)]
+        with engine.submit(prompt, greedy(40, ignore_eos=True)) as running:
+            first = await anext(aiter(running))  # it decodes: the group's prefill shares its steps
+            streams = engine.submit_choices(prompt, params, 2)
+            try:
+                forked = texts([[event async for event in stream] for stream in streams])
+            finally:
+                for stream in streams:
+                    stream.close()
+            rest = [event async for event in running]
+        return alone, forked, 1 + len(rest), first
+
+    alone, forked, running_tokens, _ = run_with_engine(tiny_model, body)
+    assert forked == alone and running_tokens == 40
