@@ -71,6 +71,34 @@ SCHEMAS: dict[str, tuple[dict[str, Any] | None, str]] = {
 }
 
 
+# Schema keywords a library may not enforce: each one's verdict is reported (refused, or accepted).
+KEYWORD_PROBES: dict[str, dict[str, Any]] = {
+    "not": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+    "if/then": {"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}},
+    "uniqueItems": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+    "contains": {"type": "array", "contains": {"type": "string"}},
+    "dependentRequired": {"type": "object", "dependentRequired": {"a": ["b"]}},
+    "multipleOf": {"type": "integer", "multipleOf": 3},
+    "pattern": {"type": "string", "pattern": "^[a-z]+$"},
+    "format: email": {"type": "string", "format": "email"},
+    "format: unknown": {"type": "string", "format": "x-weird"},
+    "minItems/maxItems": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 3},
+    "patternProperties": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+}
+
+
+def keyword_verdicts(library: Any) -> dict[str, str]:
+    """Per probed keyword: `accepted`, or the library's refusal (its first line)."""
+    verdicts = {}
+    for keyword, schema in KEYWORD_PROBES.items():
+        try:
+            library.check(schema)
+            verdicts[keyword] = "accepted"
+        except Exception as exc:  # each library has its own error types
+            verdicts[keyword] = "refused: " + str(exc).splitlines()[0][:120]
+    return verdicts
+
+
 def corpus(seed: int, megabytes: float) -> Iterator[str]:
     """Generated text that trains a vocabulary shaped like a real one: words, identifiers, JSON,
     numbers, code punctuation, Korean and Chinese."""
@@ -143,6 +171,10 @@ class XGrammar:
             return compiler.compile_builtin_json_grammar()
         return compiler.compile_json_schema(json.dumps(schema))
 
+    def check(self, schema: dict[str, Any]) -> None:
+        """Compile, raising what the compiler refuses."""
+        self.compile(schema)
+
     def matchers(self, compiled: Any, rows: int) -> list[Any]:
         return [self.xgr.GrammarMatcher(compiled) for _ in range(rows)]
 
@@ -178,6 +210,13 @@ class LLGuidance:
         grammar = self.llg.LLMatcher.grammar_from_json_schema(json.dumps(wanted))
         return self.llg.LLMatcher(self.tokenizer, grammar)  # checks the grammar: what a server does up front
 
+    def check(self, schema: dict[str, Any]) -> None:
+        """Validate, raising the error (an unimplemented keyword is one unless made lenient)."""
+        grammar = self.llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        is_error, messages = self.llg.LLMatcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise ValueError(messages[0])
+
     def matchers(self, compiled: Any, rows: int) -> list[Any]:
         return [compiled.deep_copy() for _ in range(rows)]
 
@@ -206,7 +245,8 @@ def first_mask(library: Any, schema: dict[str, Any] | None) -> None:
 def measure(library: Any, tokenizer: PreTrainedTokenizerFast, vocab: int, rows: int,
             repeats: int) -> dict[str, Any]:
     """One library's figures over every schema."""
-    figures: dict[str, Any] = {"prepare_vocab_ms": round(library.prepare_ms, 1), "schemas": {}}
+    figures: dict[str, Any] = {"prepare_vocab_ms": round(library.prepare_ms, 1), "schemas": {},
+                               "keywords": keyword_verdicts(library)}
     for name, (schema, instance) in SCHEMAS.items():
         compile_ms = [timed(functools.partial(first_mask, library, schema))[0] for _ in range(repeats)]
         compiled = library.compile(schema)
