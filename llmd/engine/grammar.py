@@ -84,6 +84,18 @@ def validated(request: GrammarRequest, tokenizer: Any = None) -> CompiledGrammar
     return CompiledGrammar(grammar)
 
 
+@dataclass(frozen=True, slots=True)
+class BoundGrammar:
+    """A validated grammar over one vocabulary: the `Constraint` a request's sampling follows."""
+
+    compiled: CompiledGrammar
+    tokenizer: Any  # llguidance's view of the vocabulary, sized to the model's logits
+
+    def matcher(self) -> LLMatcher:
+        """A fresh matcher at the grammar's start."""
+        return self.compiled.matcher(self.tokenizer)
+
+
 class GrammarCache:
     """Validated grammars by schema text; beyond `max_bytes` the least recently used go first."""
 
