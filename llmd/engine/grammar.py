@@ -22,21 +22,14 @@ from typing import Any
 
 from llguidance import LLMatcher
 
+from llmd.engine.types import GrammarRequest
 from llmd.errors import InvalidRequest, UnsupportedParameter
 
-# What `response_format: {"type": "json_object"}` asks for: a JSON object, any shape.
-ANY_OBJECT = '{"type": "object"}'
 UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 DEFAULT_CACHE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class GrammarRequest:
-    """A request's constraint: a JSON schema as text (`ANY_OBJECT` for any object), and the
-    request field it came from, which every refusal names."""
-
-    schema: str
-    param: str
+# JSON as `json.dumps` writes it (", " and ": "), no other whitespace: what models are trained to
+# write, and no room to run on in whitespace until max_tokens (flexible whitespace allows that).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +68,7 @@ def validated(request: GrammarRequest, tokenizer: Any = None) -> CompiledGrammar
     Raises `InvalidRequest` (or `UnsupportedParameter` for a keyword) naming `request.param`.
     """
     try:
-        grammar = LLMatcher.grammar_from_json_schema(request.schema)
+        grammar = LLMatcher.grammar_from_json_schema(request.schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
         raise refusal(str(exc), request.param) from None
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)

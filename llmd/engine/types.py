@@ -35,6 +35,19 @@ LOGPROB_FLOOR = -9999.0
 SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound a wire int that high)
 
 
+# What `response_format: {"type": "json_object"}` asks for: a JSON object, any shape.
+ANY_OBJECT = '{"type": "object"}'
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarRequest:
+    """A request's constraint as asked: a JSON schema as text (`ANY_OBJECT` for any object), and
+    the request field it came from, which every refusal names."""
+
+    schema: str
+    param: str
+
+
 class TokenMatcher(Protocol):
     """A request's grammar state (an llguidance matcher): which tokens may come next, and the one that did."""
 

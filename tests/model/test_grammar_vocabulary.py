@@ -11,7 +11,8 @@ from typing import Any
 import llguidance.hf
 from transformers import AutoTokenizer
 
-from llmd.engine.grammar import GrammarCompiler, GrammarRequest
+from llmd.engine.grammar import GrammarCompiler
+from llmd.engine.types import GrammarRequest
 
 BOUNDED = json.dumps({
     "type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],

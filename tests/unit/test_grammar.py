@@ -7,14 +7,13 @@ import json
 import pytest
 
 from llmd.engine.grammar import (
-    ANY_OBJECT,
     CompiledGrammar,
     GrammarCache,
     GrammarCompiler,
-    GrammarRequest,
     refusal,
     validated,
 )
+from llmd.engine.types import ANY_OBJECT, GrammarRequest
 from llmd.errors import InvalidRequest, UnsupportedParameter
 
 PARAM = "response_format.json_schema.schema"
