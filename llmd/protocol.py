@@ -54,6 +54,33 @@ class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(msgspec.Struct, forbid_unknown_fields=True):
+    """`response_format.json_schema`: the schema the reply must follow (`strict` or not, it is enforced)."""
+
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    strict: bool | None = None
+
+
+class TextFormat(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    """`response_format: {"type": "text"}`: plain text, the default."""
+
+
+class JsonObjectFormat(msgspec.Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
+    """`response_format: {"type": "json_object"}`: a JSON object, any shape."""
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, tag="json_schema", tag_field="type",
+                               forbid_unknown_fields=True):
+    """`response_format: {"type": "json_schema", "json_schema": {...}}`: JSON following a schema."""
+
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
+
+
 class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     """Body of `POST /v1/chat/completions`: the implemented subset, the allow-listed fields,
     and the sampling and template extensions local servers (vLLM, llama.cpp) share."""
@@ -73,7 +100,7 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     reasoning_effort: str | None = None  # a template variable
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}
+    response_format: ResponseFormat | None = None
     safety_identifier: str | None = None
     seed: Annotated[int, Meta(ge=0)] | None = None  # below 2**64: SamplingParams checks
     service_tier: str | None = None

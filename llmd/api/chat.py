@@ -18,9 +18,10 @@ from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logit_bias import parse_logit_bias
 from llmd.api.logprobs import chat_logprobs
+from llmd.api.response_format import grammar_request
 from llmd.api.sse import sse_response
 from llmd.engine.client import TokenStream
-from llmd.engine.types import SamplingParams, TemplateOptions, TokenLogprobs
+from llmd.engine.types import Constraint, SamplingParams, TemplateOptions, TokenLogprobs
 from llmd.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
@@ -56,8 +57,11 @@ async def create_chat_completion(
     """Generate `n` chat completion choices, streamed as SSE when `stream` is true."""
     body = parse_body(await request.body())
     check_model(body.model, served.id)
+    grammar = grammar_request(body)
+    constraint = await engine.constrain(grammar) if grammar is not None else None
     prompt_ids = await engine.encode_chat(to_template_messages(body.messages), template_options(body))
-    params = to_sampling_params(body, engine.check_context(len(prompt_ids), requested_max_tokens(body)))
+    budget = engine.check_context(len(prompt_ids), requested_max_tokens(body))
+    params = to_sampling_params(body, budget, constraint)
     meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
     streams = engine.submit_choices(prompt_ids, params, body.n or 1)
     logprobs = params.logprobs is not None
@@ -157,7 +161,8 @@ def requested_max_tokens(body: ChatCompletionRequest) -> int | None:
     return body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
 
 
-def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> SamplingParams:
+def to_sampling_params(body: ChatCompletionRequest, max_tokens: int,
+                       constraint: Constraint | None = None) -> SamplingParams:
     """Engine sampling parameters from the request, with OpenAI's defaults.
 
     `logprobs: true` asks the engine for each sampled token's logprob and `top_logprobs` more;
@@ -180,6 +185,7 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int) -> Sampling
         min_tokens=body.min_tokens or 0,
         logit_bias=parse_logit_bias(body.logit_bias),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        constraint=constraint,
     )
 
 

@@ -39,7 +39,6 @@ IGNORED_FIELDS: dict[str, str] = {
     "parallel_tool_calls": "llmd serves no tools, so there are no tool calls to parallelize",
     "stream_options": "ignored when not streaming (`include_usage` shapes only the stream)",
     "modalities": 'accepted only as ["text"], what llmd answers in anyway',
-    "response_format": 'accepted only as {"type": "text"}, the default',
 }
 # Fields of an assistant turn, as the SDKs echo a reply back, accepted and ignored.
 IGNORED_MESSAGE_FIELDS: dict[str, str] = {
@@ -135,8 +134,6 @@ def request_value_problems(body: ChatCompletionRequest) -> list[tuple[str, str]]
     checks = [
         ("modalities", body.modalities is not None and any(m != "text" for m in body.modalities),
          'must be ["text"]: llmd answers in text only'),
-        ("response_format", body.response_format is not None and body.response_format != {"type": "text"},
-         'is not supported: only {"type": "text"} (plain text, the default) is accepted'),
     ]
     return [(param, reason) for param, refused, reason in checks if refused]
 

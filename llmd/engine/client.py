@@ -14,10 +14,12 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from llmd.engine.grammar import BoundGrammar, CompiledGrammar, GrammarCompiler, GrammarRequest
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
@@ -26,6 +28,7 @@ from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     SEED_LIMIT,
     CompletionPrompt,
+    Constraint,
     EngineStats,
     InfillInput,
     Request,
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmd.engine")
 T = TypeVar("T")
+GRAMMAR_SECONDS = 10.0  # a schema that takes longer to compile is refused (llguidance: ~1 ms typically)
 
 
 class TokenStream(Protocol):
@@ -92,6 +96,11 @@ class Engine(Protocol):
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises `ContextLengthExceeded` when it cannot fit."""
+        ...
+
+    async def constrain(self, request: GrammarRequest) -> Constraint:
+        """The grammar a request's output must follow (`SamplingParams.constraint`), compiled off the
+        event loop; raises `InvalidRequest` naming `request.param` for a schema it cannot follow."""
         ...
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> TokenStream:
@@ -153,6 +162,8 @@ class EngineClient:
         self._streams: dict[str, GenerationStream] = {}
         self._ids = itertools.count()
         self._tokenizer: ChatTokenizer | None = None
+        self._grammars: GrammarCompiler | None = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._large_prompt_slots = asyncio.Semaphore(LARGE_PROMPT_SLOTS)
         self._lengths = CompletionLengths()  # of requests that ended by themselves, for Retry-After
         self.ready = asyncio.Event()
@@ -254,6 +265,26 @@ class EngineClient:
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises when it cannot fit."""
         return context_budget(self.max_context, prompt_tokens, max_tokens)
+
+    async def constrain(self, request: GrammarRequest) -> Constraint:
+        """The request's grammar (see `Engine.constrain`), validated in a thread within
+        `GRAMMAR_SECONDS`; the vocabulary's grammar view is built on the first one."""
+        try:
+            compiled = await asyncio.wait_for(asyncio.to_thread(self._compile, request), GRAMMAR_SECONDS)
+        except TimeoutError:
+            raise InvalidRequest(f"`{request.param}` did not compile within {GRAMMAR_SECONDS:g} s; "
+                                 "simplify the schema", param=request.param) from None
+        assert self._grammars is not None
+        return BoundGrammar(compiled, self._grammars.tokenizer)
+
+    def _compile(self, request: GrammarRequest) -> CompiledGrammar:
+        with self._grammar_lock:
+            if self._grammars is None:
+                runner = self._worker.runner
+                assert self._tokenizer is not None and runner is not None, "ready first"
+                view = self._tokenizer.grammar_view(runner.vocab_size, self._worker.eos_token_ids)
+                self._grammars = GrammarCompiler(view)
+            return self._grammars.compile(request)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
         """Admit a request and hand it to the worker; raises `Overloaded` when full.

@@ -6,7 +6,7 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmd.errors import InvalidRequest
 
@@ -33,6 +33,43 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 # OpenAI's logprob for a token the model rules out: -inf (a -inf logit) is not JSON.
 LOGPROB_FLOOR = -9999.0
 SEED_LIMIT = 1 << 64  # seeds are unsigned 64-bit integers (msgspec cannot bound a wire int that high)
+
+
+# What `response_format: {"type": "json_object"}` asks for: a JSON object, any shape.
+ANY_OBJECT = '{"type": "object"}'
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarRequest:
+    """A request's constraint as asked: a JSON schema as text (`ANY_OBJECT` for any object), and
+    the request field it came from, which every refusal names."""
+
+    schema: str
+    param: str
+
+
+class TokenMatcher(Protocol):
+    """A request's grammar state (an llguidance matcher): which tokens may come next, and the one that did."""
+
+    def unsafe_compute_mask_ptr(self, trg_pointer: int, trg_bytes: int) -> None:
+        """Write the allowed-token bitmask (32-bit words, bit i = token i) at `trg_pointer`."""
+        ...
+
+    def consume_token(self, sampled_token: int) -> bool:
+        """Advance past the sampled token; False when the grammar does not allow it."""
+        ...
+
+    def get_error(self) -> str:
+        """Why the matcher is in its error state ("" when it is not)."""
+        ...
+
+
+class Constraint(Protocol):
+    """What a constrained request's output must follow: each request gets its own matcher over it."""
+
+    def matcher(self) -> TokenMatcher:
+        """A fresh matcher at the grammar's start."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +103,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    constraint: Constraint | None = None  # a grammar the output follows (`response_format`)
 
     def __post_init__(self) -> None:
         if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:

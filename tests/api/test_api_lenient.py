@@ -64,10 +64,10 @@ def test_every_refused_field_is_named_in_one_400() -> None:
 def test_the_sdk_sees_one_bad_request_naming_all() -> None:
     with served() as client, pytest.raises(openai.BadRequestError) as bad:
         sdk(client).chat.completions.create(
-            model=MODEL, messages=MESSAGES, response_format={"type": "json_object"},
+            model=MODEL, messages=[{"role": "user", "content": [{"type": "input_audio"}]}],  # type: ignore[list-item]
             modalities=["text", "audio"])  # type: ignore[list-item]
     assert bad.value.code == "unsupported_parameter" and bad.value.param == "modalities"
-    assert all(f"`{name}`" in bad.value.message for name in ("modalities", "response_format"))
+    assert all(f"`{name}`" in bad.value.message for name in ("modalities", "messages[0].content[0].type"))
 
 
 def test_sampling_and_template_extensions_reach_the_engine() -> None:

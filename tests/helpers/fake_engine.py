@@ -17,17 +17,21 @@ from types import TracebackType
 from typing import Any
 
 from llmd.engine.client import Engine, choice_seed, context_budget
+from llmd.engine.grammar import CompiledGrammar, validated
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     CompletionPrompt,
+    Constraint,
     EngineStats,
     FinishReason,
+    GrammarRequest,
     InfillInput,
     Logprob,
     SamplingParams,
     TemplateOptions,
     TokenEvent,
     TokenLogprobs,
+    TokenMatcher,
 )
 from llmd.errors import InvalidRequest, LlmdError, Overloaded, ShuttingDown, UnsupportedParameter
 
@@ -41,8 +45,9 @@ def fake_logprobs(piece: str, position: int, top: int, score: float = 0.0) -> To
     """The fake's logprobs of `piece` at `position`: falling by 0.25 a position, `top` entries led
     by the sampled token, the others `alt1`, `alt2`, ... each 1.0 less likely."""
     text, raw = (piece, piece.encode()) if piece else (INCOMPLETE, HALF_CHARACTER)
-    chosen = Logprob(100 + position, text, raw, -0.25 * (position + 1) + score)
-    others = tuple(Logprob(200 + j, f"alt{j}", f"alt{j}".encode(), chosen.logprob - j) for j in range(1, top))
+    value = -0.25 * (position + 1) + score
+    chosen = Logprob(100 + position, text, raw, value)
+    others = tuple(Logprob(200 + j, f"alt{j}", f"alt{j}".encode(), value - j) for j in range(1, top))
     return TokenLogprobs(chosen, (chosen, *others)[:top])
 
 
@@ -53,6 +58,16 @@ def fake_prompt_logprobs(prompt_ids: Sequence[int], top: int) -> tuple[TokenLogp
         return TokenLogprobs(chosen, (chosen,)[:top] if logprob is not None else ())
 
     return (position(prompt_ids[0], None), *(position(t, -1.0) for t in prompt_ids[1:]))
+
+
+@dataclass(frozen=True)
+class FakeConstraint:
+    """A validated grammar with no vocabulary: the fake never samples, so it never makes a matcher."""
+
+    compiled: CompiledGrammar
+
+    def matcher(self) -> TokenMatcher:
+        raise AssertionError("the fake engine samples nothing")
 
 
 @dataclass
@@ -131,6 +146,7 @@ class FakeEngine:
     completion_prompts: list[tuple[str | list[int], str | None]] = field(default_factory=list)
     templates: list[TemplateOptions] = field(default_factory=list)
     infills: list[InfillInput] = field(default_factory=list)
+    grammars: list[GrammarRequest] = field(default_factory=list)  # what `constrain` was asked
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
     choice_counts: list[int] = field(default_factory=list)  # `n` of each `submit_choices`
@@ -163,6 +179,11 @@ class FakeEngine:
         if not self.fim:
             raise UnsupportedParameter("`input_suffix` needs a model with FIM tokens", param="input_suffix")
         return CompletionPrompt(list(range(self.prompt_tokens)), infill.prefix, FIM_END_IDS)
+
+    async def constrain(self, request: GrammarRequest) -> Constraint:
+        """The schema validated as the native client validates it (llguidance, no vocabulary)."""
+        self.grammars.append(request)
+        return FakeConstraint(validated(request))
 
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The native client's budget rule over `max_context`."""

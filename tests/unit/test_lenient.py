@@ -22,10 +22,11 @@ HARMLESS = {
     "store": False, "metadata": {"run": "7"}, "service_tier": "auto", "user": "u-1",
     "safety_identifier": "s-1", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
     "verbosity": "low", "parallel_tool_calls": True, "stream_options": {"include_usage": True},
-    "modalities": ["text"], "response_format": {"type": "text"},
+    "modalities": ["text"],
 }
 # Served now (api/chat.py), so no longer on the allow-list; these values are the defaults.
-SERVED = {"n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {}}
+SERVED = {"n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {},
+          "response_format": {"type": "text"}}
 ASSISTANT_FIELDS = {"refusal": None, "annotations": [{"type": "url_citation"}], "audio": None,
                     "function_call": None, "tool_calls": []}
 
@@ -125,7 +126,6 @@ def test_unknown_fields_come_before_a_bad_value() -> None:
 @pytest.mark.parametrize(("fields", "param"), [
     ({"modalities": ["audio"]}, "modalities"),
     ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"messages": [USER, {"role": "assistant", "audio": {"id": "a1"}}]}, "messages[1].audio"),
     ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c"}]}]}, "messages[1].tool_calls"),
@@ -141,10 +141,10 @@ def test_a_value_that_asks_for_more_than_text_is_refused_by_name(fields: dict, p
 
 def test_several_refused_values_are_named_in_one_400() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}]
-    error = refusal_of(body(modalities=["audio"], response_format={"type": "json_object"},
-                            messages=[{"role": "user", "content": parts}]))
+    error = refusal_of(body(modalities=["audio"], messages=[
+        {"role": "user", "content": parts}, {"role": "assistant", "tool_calls": [{"id": "c"}]}]))
     assert error.param == "modalities" and error.message.startswith("3 fields are refused")
-    named = ("modalities", "response_format", "messages[0].content[1].type")
+    named = ("modalities", "messages[0].content[1].type", "messages[1].tool_calls")
     assert all(f"`{param}`" in error.message for param in named)
 
 

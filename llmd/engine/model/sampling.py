@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from llmd.engine.types import RawScores, RowFailure, Sampled, SamplingParams
+from llmd.engine.types import RawScores, RowFailure, Sampled, SamplingParams, TokenMatcher
 from llmd.errors import EngineFailure
 
 log = logging.getLogger("llmd.engine")
@@ -55,6 +55,7 @@ class SequenceState:
     seen: torch.Tensor | None = None
     held_back: torch.Tensor | None = None
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # `logit_bias`: ids and their values
+    grammar: Grammar | None = None  # a constrained request's matcher and its mask words
     generated: int = 0
 
     @classmethod
@@ -69,7 +70,32 @@ class SequenceState:
                    last_token=-1, position=len(prompt_ids),
                    seen=new_seen(params, prompt_ids, vocab_size, device),
                    held_back=new_held_back(params, end_ids, vocab_size, device),
-                   bias=new_bias(params, device))
+                   bias=new_bias(params, device),
+                   grammar=Grammar.start(params, vocab_size))
+
+
+BITS = torch.arange(32, dtype=torch.int32)
+
+
+@dataclass(slots=True)
+class Grammar:
+    """A constrained request's matcher, and the 32-bit words its masks are written into (CPU)."""
+
+    matcher: TokenMatcher
+    words: torch.Tensor
+
+    @classmethod
+    def start(cls, params: SamplingParams, vocab_size: int) -> Grammar | None:
+        """The request's grammar state at its start; None when it is unconstrained."""
+        if params.constraint is None:
+            return None
+        return cls(params.constraint.matcher(), torch.zeros((vocab_size + 31) // 32, dtype=torch.int32))
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """The row with every token the grammar does not allow next at -inf."""
+        self.matcher.unsafe_compute_mask_ptr(self.words.data_ptr(), self.words.numel() * 4)
+        allowed = ((self.words.unsqueeze(-1) >> BITS) & 1).flatten()[: logits.shape[-1]].bool()
+        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
 
 def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -132,6 +158,8 @@ def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, u
     except Exception as exc:  # one request's sampling must not end the step's other rows
         log.exception("sampling one request failed")
         return RowFailure(f"{type(exc).__name__} while sampling: {exc}")
+    if state.grammar is not None and not state.grammar.matcher.consume_token(token):
+        return RowFailure(f"the grammar refused the sampled token: {state.grammar.matcher.get_error()}")
     if state.token_counts is not None:
         state.token_counts[token] += 1
     if state.seen is not None:
@@ -142,12 +170,13 @@ def accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor, u
 
 
 def steer(state: SequenceState, params: SamplingParams, logits: torch.Tensor) -> torch.Tensor:
-    """The row with what is the request's own: `min_tokens`' mask, `logit_bias`, `repetition_penalty`.
+    """The row with what is the request's own: `min_tokens`' mask, `logit_bias`, `repetition_penalty`,
+    and a grammar's mask of the tokens it allows next.
 
     Returned as given (no tensor work) for a request that uses none of them.
     """
     holding = state.held_back is not None and state.generated < params.min_tokens
-    if not holding and state.seen is None and state.bias is None:
+    if not holding and state.seen is None and state.bias is None and state.grammar is None:
         return logits
     logits = logits.float().clamp(-LOGIT_BOUND, LOGIT_BOUND)
     if holding:
@@ -157,6 +186,8 @@ def steer(state: SequenceState, params: SamplingParams, logits: torch.Tensor) ->
         logits = logits.index_add(0, *state.bias)
     if state.seen is not None:
         logits = apply_repetition_penalty(logits, state.seen, params.repetition_penalty)
+    if state.grammar is not None:  # last: what the grammar forbids stays forbidden
+        logits = state.grammar.mask(logits)
     return logits
 
 

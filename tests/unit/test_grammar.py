@@ -1,0 +1,69 @@
+"""Grammar validation and its cache, pure (llguidance's validator, no vocabulary, no torch)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmd.engine.grammar import (
+    CompiledGrammar,
+    GrammarCache,
+    GrammarCompiler,
+    refusal,
+    validated,
+)
+from llmd.engine.types import ANY_OBJECT, GrammarRequest
+from llmd.errors import InvalidRequest, UnsupportedParameter
+
+PARAM = "response_format.json_schema.schema"
+PERSON = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                     "required": ["name", "age"], "additionalProperties": False})
+
+
+def test_a_schema_and_any_object_validate() -> None:
+    assert validated(GrammarRequest(PERSON, PARAM)).grammar
+    assert validated(GrammarRequest(ANY_OBJECT, "response_format")).grammar
+
+
+@pytest.mark.parametrize(("schema", "named"), [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "`uniqueItems`"),
+    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "`if`, `then`"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "`not`"),
+])
+def test_keywords_that_cannot_be_enforced_are_refused_by_name(schema: dict[str, object], named: str) -> None:
+    with pytest.raises(UnsupportedParameter, match="cannot enforce") as caught:
+        validated(GrammarRequest(json.dumps(schema), PARAM))
+    assert named in caught.value.message and caught.value.param == PARAM
+
+
+@pytest.mark.parametrize("schema", ['{"type": "nonsense"}', "[1, 2]", '{"$ref": "#/nowhere"}', "not json"])
+def test_a_schema_that_is_not_one_is_a_400_naming_the_field(schema: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        validated(GrammarRequest(schema, PARAM))
+    assert not isinstance(caught.value, UnsupportedParameter) and caught.value.param == PARAM
+
+
+def test_refusal_messages() -> None:
+    assert refusal('Unimplemented keys: ["contains"]', "p").message.endswith("`contains`")
+    assert "Invalid type" in refusal("Invalid type: x", "p").message
+
+
+def test_the_cache_is_bounded_in_bytes_and_drops_the_least_recently_used() -> None:
+    cache = GrammarCache(max_bytes=30)
+    cache.put("a", CompiledGrammar("x" * 9))  # 10 bytes with its key
+    cache.put("b", CompiledGrammar("y" * 9))
+    assert cache.get("a") is not None  # now b is the oldest
+    cache.put("c", CompiledGrammar("z" * 14))  # 15: b goes
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    assert cache.bytes == 25
+    cache.put("huge", CompiledGrammar("w" * 100))  # larger than the whole budget: not kept
+    assert cache.get("huge") is None and cache.bytes == 25
+    assert (cache.hits, cache.misses) == (3, 2)
+
+
+def test_the_compiler_validates_a_schema_once() -> None:
+    compiler = GrammarCompiler(tokenizer=None)
+    first = compiler.compile(GrammarRequest(PERSON, PARAM))
+    assert compiler.compile(GrammarRequest(PERSON, "other")) is first
+    assert (compiler.cache.hits, compiler.cache.misses) == (1, 1)
