@@ -9,7 +9,6 @@ import itertools
 import json
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import uvicorn
 
 from llmd.bench import command
+from tests.helpers.waiting import wait_until
 
 Message = dict[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -225,9 +225,7 @@ def served() -> Iterator[Served]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until("the fake server up", lambda: server.started or not thread.is_alive())
     assert server.started, "fake server did not start"
     try:
         yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", app)

@@ -46,13 +46,9 @@ class Systemd:
 
     def wait_for(self, text: str, timeout: float = 60) -> float:
         """When a datagram containing `text` arrived (waits for it)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for at, message in list(self.received):
-                if text in message:
-                    return at
-            time.sleep(0.02)
-        pytest.fail(f"no {text!r} from llmd; got {[m for _, m in self.received]}")
+        return wait_until(f"a datagram with {text!r} from llmd",
+                          lambda: next((at for at, message in list(self.received) if text in message), None),
+                          timeout)
 
     def messages(self) -> list[str]:
         return [message for _, message in self.received]
