@@ -16,9 +16,9 @@ from litestar.response import Stream
 from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
-from llmd.api.logit_bias import parse_logit_bias
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.response_format import grammar_request
+from llmd.api.sampling import sampling_params
 from llmd.api.sse import sse_response
 from llmd.engine.client import TokenStream
 from llmd.engine.types import Constraint, SamplingParams, TemplateOptions, TokenLogprobs
@@ -168,22 +168,13 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int,
     `logprobs: true` asks the engine for each sampled token's logprob and `top_logprobs` more;
     a bad `logit_bias` is a 400 naming it (`parse_logit_bias`).
     """
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=max(0, body.top_k or 0),
-        seed=body.seed,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        stop=stop,
+    return sampling_params(
+        body, max_tokens,
         min_p=body.min_p or 0.0,
         repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=bool(body.ignore_eos),
         min_tokens=body.min_tokens or 0,
-        logit_bias=parse_logit_bias(body.logit_bias),
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         constraint=constraint,
     )

@@ -22,8 +22,8 @@ from litestar.response import Stream
 from llmd.api.chat import check_model, validation_error
 from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.logit_bias import parse_logit_bias
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
+from llmd.api.sampling import sampling_params
 from llmd.api.sse import sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
@@ -185,18 +185,9 @@ def to_text_sampling_params(body: CompletionRequest, max_tokens: int,
     when `echo` returns them too.
     """
     options = text_options(body)
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=max(0, body.top_k or 0),
-        seed=body.seed,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        stop=stop,
+    return sampling_params(
+        body, max_tokens,
         stop_token_ids=end_token_ids,
-        logit_bias=parse_logit_bias(body.logit_bias),
         logprobs=0 if options.logprobs is None and options.ranked else options.logprobs,
         prompt_logprobs=options.logprobs if options.echo else None,
     )

@@ -21,6 +21,7 @@ class TokenText:
 
     text: str
     finish_reason: FinishReason | None = None
+    by_id: bool = False  # it ended the request as an id (EOS, a stop id): its own text is not output
 
 
 def next_text(output: OutputText, token: int, generated: int, params: SamplingParams,
@@ -28,7 +29,7 @@ def next_text(output: OutputText, token: int, generated: int, params: SamplingPa
     """The text of the request's `generated`-th token and the finish decision it brings."""
     armed = generated > params.min_tokens
     if armed and ends_request(token, params, eos_token_ids):
-        return TokenText(output.finish(), FinishReason.STOP)
+        return TokenText(output.finish(), FinishReason.STOP, by_id=True)
     text, stopped = output.push(token, check_stops=armed)
     if stopped:
         return TokenText(text, FinishReason.STOP)
@@ -40,11 +41,3 @@ def next_text(output: OutputText, token: int, generated: int, params: SamplingPa
 def ends_request(token: int, params: SamplingParams, eos_token_ids: frozenset[int]) -> bool:
     """Whether `token` is one that stops the request: a stop id, or EOS when EOS counts."""
     return token in params.stop_token_ids or (not params.ignore_eos and token in eos_token_ids)
-
-
-def ended_by_id(token: int, generated: int, params: SamplingParams, eos_token_ids: frozenset[int],
-                reason: FinishReason | None) -> bool:
-    """Whether the request's `generated`-th token, ending it with `reason`, ended it as an id (EOS,
-    a stop id), whose text is not part of the output: as `next_text` decided."""
-    armed = generated > params.min_tokens
-    return reason is FinishReason.STOP and armed and ends_request(token, params, eos_token_ids)

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING
 from llmd.config import Profile
 from llmd.engine.burst import BurstGate, gather_wait
 from llmd.engine.detokenizer import OutputText
-from llmd.engine.finish import ended_by_id, next_text
+from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.retry_after import StepPace
 from llmd.engine.scheduler import Scheduler
 from llmd.engine.types import (
     EngineStats,
-    FinishReason,
     Request,
     RowFailure,
     Sampled,
@@ -334,7 +333,7 @@ class EngineWorker:
         step = next_text(self._outputs[request.request_id], token, len(request.output_ids),
                          request.params, self.eos_token_ids)
         text, reason = step.text, step.finish_reason
-        logprobs = self._logprobs(request, token, reason, result)
+        logprobs = None if step.by_id else self._logprobs(request, result)
         if reason is not None:
             self.scheduler.finish(request, reason)
             self._outputs.pop(request.request_id, None)
@@ -345,13 +344,11 @@ class EngineWorker:
         return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued, logprobs=logprobs,
                           prompt_logprobs=self._prompt_logprobs(request, result))
 
-    def _logprobs(self, request: Request, token: int, reason: FinishReason | None,
-                  result: StepResult) -> TokenLogprobs | None:
-        """The token's logprobs with their text, when asked; none for an id that ended the request
-        (EOS, a stop id: its text is not part of the output)."""
+    def _logprobs(self, request: Request, result: StepResult) -> TokenLogprobs | None:
+        """The token's logprobs with their text, when asked (not for an id that ended the request,
+        whose text is not part of the output: `_advance` asks only for the others)."""
         scores = result.scores.get(request.request_id)
-        if scores is None or ended_by_id(token, len(request.output_ids), request.params, self.eos_token_ids,
-                                         reason):
+        if scores is None:
             return None
         assert self.tokenizer is not None
         return self.tokenizer.token_bytes.token_logprobs(scores)

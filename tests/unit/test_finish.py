@@ -89,3 +89,11 @@ def test_min_tokens_above_max_tokens_is_refused_naming_it() -> None:
     with pytest.raises(InvalidRequest) as err:
         SamplingParams(max_tokens=3, min_tokens=4)
     assert err.value.param == "min_tokens"
+
+
+def test_only_an_id_that_ends_the_request_is_marked_by_id() -> None:
+    assert [s.by_id for s in run([1, 2, EOS], max_tokens=10)] == [False, False, True]
+    assert [s.by_id for s in run([1, 6], max_tokens=10, stop_token_ids=(6,))] == [False, True]
+    assert not any(s.by_id for s in run([1, 2, 3], max_tokens=10, stops=("o w",)))  # a stop string
+    assert not any(s.by_id for s in run([1, EOS], max_tokens=2, ignore_eos=True))  # EOS passed as text
+    assert not any(s.by_id for s in run([EOS, 1], max_tokens=2, min_tokens=2))  # held until min_tokens
