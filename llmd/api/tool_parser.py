@@ -10,7 +10,8 @@ text it was.
 
 Formats (llmd.engine.tool_format): Hermes and the generic format (`<tool_call>{json}</tool_call>`),
 Llama 3 JSON (`{"name": ..., "parameters": ...}`, optionally after `<|python_tag|>`), Mistral
-(`[TOOL_CALLS][{...}, ...]`) and Qwen3-Coder XML (`<function=NAME><parameter=KEY>VALUE...`).
+(`[TOOL_CALLS][{...}, ...]`, or `[TOOL_CALLS]NAME[ARGS]{...}` in its newer templates) and
+Qwen3-Coder XML (`<function=NAME><parameter=KEY>VALUE...`).
 Pure: no engine, no tokenizer.
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llmd.api.qwen3_coder import Qwen3CoderReader
-from llmd.api.tool_readers import CallSink, JsonCallReader, MistralListReader, Status
+from llmd.api.tool_readers import CallSink, JsonCallReader, MistralReader, Status
 from llmd.engine.tool_format import ToolFormat, ToolSyntax
 
 
@@ -149,7 +150,7 @@ def _framing(format: ToolFormat, parameters: Mapping[str, Mapping[str, Any]]) ->
         return _Framing((_Literal("<|python_tag|>", False), _JsonCallStart()), _SPACE + ";",
                         lambda sink: JsonCallReader(sink, keys))
     if format.syntax is ToolSyntax.MISTRAL:
-        return _Framing(_literals(format), _SPACE, lambda sink: MistralListReader(sink, keys))
+        return _Framing(_literals(format), _SPACE, lambda sink: MistralReader(sink, keys))
     if format.syntax is ToolSyntax.QWEN3_CODER:
         return _Framing(_literals(format), _SPACE, lambda sink: Qwen3CoderReader(sink, parameters))
     return _Framing(_literals(format), _SPACE, lambda sink: JsonCallReader(sink, keys))

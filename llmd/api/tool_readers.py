@@ -2,10 +2,11 @@
 
 `JsonCallReader` reads one `{"name": ..., "arguments": ...}` object a character at a time and
 streams the arguments value's own text as it arrives (held until the name is known when the
-name comes last); `MistralListReader` reads a JSON list of such objects (Qwen3-Coder's XML reader is in
-llmd.api.qwen3_coder). Each reports calls to a `CallSink` and answers every feed
-with how far it read and whether its region is over (DONE), needs more text (MORE) or is not
-what it should be (FAILED, at the first character that does not fit). Pure.
+name comes last); `MistralReader` reads Mistral's list of such objects, or its newer
+`NAME[ARGS]{...}` (Qwen3-Coder's XML reader is in llmd.api.qwen3_coder). Each reports calls to
+a `CallSink` and answers every feed with how far it read and whether its region is over (DONE),
+needs more text (MORE) or is not what it should be (FAILED, at the first character that does
+not fit). Pure.
 """
 
 from __future__ import annotations
@@ -253,18 +254,24 @@ class _ListAt(enum.Enum):
     COMMA_OR_END = enum.auto()
 
 
-class MistralListReader:
-    """Mistral's `[{call}, {call}, ...]` after `[TOOL_CALLS]`: each element one call."""
+class MistralReader:
+    """What follows `[TOOL_CALLS]`: a list `[{call}, {call}, ...]`, each element one call, or
+    (Mistral Small 3.2, Devstral, Magistral templates) one `NAME[ARGS]{...}`."""
 
     def __init__(self, sink: CallSink, argument_keys: frozenset[str]) -> None:
         self._sink = sink
         self._argument_keys = argument_keys
         self._at = _ListAt.OPEN
         self._element: JsonCallReader | None = None
+        self._named: MistralNamedCall | None = None
 
     def feed(self, text: str, at: int) -> tuple[int, Status]:
-        """Read `text` from `at`; how far it read and where the list stands."""
+        """Read `text` from `at`; how far it read and where the call region stands."""
         while at < len(text):
+            if self._named is None and self._at is _ListAt.OPEN and text[at] not in SPACE + "[":
+                self._named = MistralNamedCall(self._sink)
+            if self._named is not None:
+                return self._named.feed(text, at)
             if self._element is not None:
                 at, status = self._element.feed(text, at)
                 if status is not Status.DONE:
@@ -278,9 +285,11 @@ class MistralListReader:
         return at, Status.MORE
 
     def finish(self) -> None:
-        """The text ended inside the list: the open element gives what it has."""
+        """The text ended inside the region: the open call gives what it has."""
         if self._element is not None:
             self._element.finish()
+        if self._named is not None:
+            self._named.finish()
 
     def _framing(self, char: str) -> Status:
         if char in SPACE:
@@ -302,3 +311,66 @@ class MistralListReader:
             return Status.FAILED
         self._at = then
         return Status.MORE
+
+
+_ARGS = "[ARGS]"
+
+
+class MistralNamedCall:
+    """`NAME[ARGS]{...}`: the name up to `[ARGS]`, then the arguments object, streamed."""
+
+    def __init__(self, sink: CallSink) -> None:
+        self._sink = sink
+        self._name: list[str] = []
+        self._tag = ""
+        self._index: int | None = None
+        self._value = JsonValue()
+        self._pending: list[str] = []
+        self._streamed = False
+
+    def feed(self, text: str, at: int) -> tuple[int, Status]:
+        """Read `text` from `at`; how far it read and where the call stands."""
+        for position in range(at, len(text)):
+            status = self._step(text[position])
+            if status is not Status.MORE:
+                self._flush()
+                return position + (status is Status.DONE), status
+        self._flush()
+        return len(text), Status.MORE
+
+    def finish(self) -> None:
+        """The text ended inside the call: give what arguments it has."""
+        self._flush()
+        if self._index is not None and not self._streamed:
+            self._sink.call_arguments(self._index, "{}")
+
+    def _step(self, char: str) -> Status:
+        if self._index is not None:
+            return self._argument(char)
+        if self._tag or char == "[":
+            return self._args_tag(char)
+        if char in SPACE or char in '{}"':
+            return Status.FAILED
+        self._name.append(char)
+        return Status.MORE
+
+    def _args_tag(self, char: str) -> Status:
+        self._tag += char
+        if self._tag == _ARGS and self._name:
+            self._index = self._sink.start_call("".join(self._name))
+            return Status.MORE
+        return Status.MORE if _ARGS.startswith(self._tag) and self._tag != _ARGS else Status.FAILED
+
+    def _argument(self, char: str) -> Status:
+        if not self._pending and not self._streamed and char in SPACE:
+            return Status.MORE
+        if not self._pending and not self._streamed and char not in "{[":
+            return Status.FAILED
+        self._pending.append(char)
+        return Status.DONE if self._value.push(char) is _Push.LAST else Status.MORE
+
+    def _flush(self) -> None:
+        if self._index is not None and self._pending:
+            self._sink.call_arguments(self._index, "".join(self._pending))
+            self._pending.clear()
+            self._streamed = True

@@ -276,3 +276,33 @@ def test_any_cutting_gives_the_same_result(sample: tuple[ToolFormat, str], cuts:
     whole, cut = parse(format, [text]), parse(format, chunks)
     assert (cut.text, cut.calls) == (whole.text, whole.calls)
     assert [name for name, _ in whole.calls] == ["a", "b"]
+
+
+def test_mistral_newer_name_then_args_form() -> None:
+    text = 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Seoul", "x": ["]"]}[TOOL_CALLS]now[ARGS]{} ok'
+    parsed = parse_every_way(MISTRAL, text)
+    assert parsed.text == "Sure.ok"
+    assert parsed.calls == [("get_weather", '{"city": "Seoul", "x": ["]"]}'), ("now", "{}")]
+
+
+@pytest.mark.parametrize(("text", "calls"), [
+    ("[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Se", [("get_weather", '{"city": "Se')]),
+    ("[TOOL_CALLS]get_weather[AR", []),
+    ("[TOOL_CALLS]now[ARGS]", [("now", "{}")]),
+])
+def test_mistral_newer_form_unfinished(text: str, calls: list[tuple[str, str]]) -> None:
+    assert parse_every_way(MISTRAL, text).calls == calls
+
+
+def test_mistral_newer_form_malformed_is_text() -> None:
+    assert parse_every_way(MISTRAL, "[TOOL_CALLS]get weather").text == "[TOOL_CALLS]get weather"
+
+
+def test_a_long_output_streams_through_with_little_held() -> None:
+    parser = ToolCallParser(HERMES)
+    body = json.dumps({"text": "x < y } ] \\\" " * 2000})
+    text = "word <b> " * 2000 + hermes_call("f", body)
+    pieces = [piece for start in range(0, len(text), 3) for piece in parser.feed(text[start:start + 3])]
+    assert sum(isinstance(piece, TextPiece) for piece in pieces) > 1000  # content was not held back
+    parsed = assembled(pieces + parser.finish())
+    assert parsed.calls == [("f", body)] and parsed.text == ("word <b> " * 2000).rstrip()
