@@ -3,8 +3,10 @@ for each argument, then `</function>`.
 
 The values are bare text; they become JSON by the tool's parameter schema (a string unless the
 schema allows only other types and the value parses as one of them). The arguments go out as
-JSON text one parameter at a time: `{"city": "Seoul"` when the first closes, `, "days": 3` at
-the next, `}` at `</function>` (`{}` for a function without parameters). Pure.
+JSON text: a string value streams as it is written (a coding agent's file content must not
+stall the stream until its end), any other value goes out whole when it closes; so
+`{"city": "` at the first parameter's opening, `Seoul` as it comes, `"` at its close,
+`, "days": 3` at the next, `}` at `</function>` (`{}` for a function without parameters). Pure.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from llmd.api.reasoning import partial_suffix
 from llmd.api.tool_readers import SPACE, CallSink, Status
 
 
@@ -42,7 +45,10 @@ class Qwen3CoderReader:
         self._word: list[str] = []  # a function or parameter name being read
         self._name = ""
         self._key = ""
-        self._value = ""
+        self._types: frozenset[str] = frozenset()
+        self._value = ""  # the open value's text not yet written
+        self._streaming = False  # the open value is a string, written as it comes
+        self._begun = False  # the streamed value's first character has come (its newline is off)
         self._index: int | None = None
         self._written = 0  # parameters written
 
@@ -60,6 +66,8 @@ class Qwen3CoderReader:
 
     def finish(self) -> None:
         """The text ended inside the call: what was written stands ("{}" if nothing was)."""
+        if self._streaming and self._at is _XmlAt.VALUE:
+            self._stream(self._value)
         if self._index is not None and not self._written:
             self._sink.call_arguments(self._index, "{}")
 
@@ -93,8 +101,17 @@ class Qwen3CoderReader:
             self._name, self._index = word, self._sink.start_call(word)
             self._at = _XmlAt.TAG
         else:
-            self._key, self._at = word, _XmlAt.VALUE
+            self._open_parameter(word)
         return Status.MORE
+
+    def _open_parameter(self, key: str) -> None:
+        """A string value starts going out now; any other waits for its close."""
+        self._key, self._at = key, _XmlAt.VALUE
+        self._types = _schema_types(self._schema_of(key))
+        self._streaming = not self._types or "string" in self._types
+        self._begun = False
+        if self._streaming:
+            self._write(f'{json.dumps(key, ensure_ascii=False)}: "')
 
     def _read_value(self, text: str, at: int) -> int:
         """Take `text` from `at` into the value; past `</parameter>` when it has come."""
@@ -102,18 +119,45 @@ class Qwen3CoderReader:
         self._value += text[at:]
         end = self._value.find(_PARAMETER_END, max(0, before - len(_PARAMETER_END) + 1))
         if end < 0:
+            self._stream_decided()
             return len(text)
-        self._write_parameter(self._value[:end])
+        self._close_parameter(self._value[:end])
         self._value, self._at = "", _XmlAt.TAG
         return at + end + len(_PARAMETER_END) - before
 
-    def _write_parameter(self, raw: str) -> None:
-        assert self._index is not None
-        types = _schema_types(self._schema_of(self._key))
-        value = parameter_json(_one_newline_off(raw), types)
-        lead = ", " if self._written else "{"
-        self._sink.call_arguments(self._index, f"{lead}{json.dumps(self._key, ensure_ascii=False)}: {value}")
+    def _stream_decided(self) -> None:
+        """Write what of a string value can no longer be its closing newline or tag."""
+        if not self._streaming:
+            return
+        if not self._begun and self._value:
+            self._value, self._begun = self._value.removeprefix("\n"), True
+        held = max(partial_suffix(self._value, "\n" + _PARAMETER_END),
+                   partial_suffix(self._value, _PARAMETER_END))
+        self._stream(self._value[:len(self._value) - held])
+        self._value = self._value[len(self._value) - held:]
+
+    def _close_parameter(self, raw: str) -> None:
+        value = raw.removeprefix("\n") if not self._begun else raw
+        value = value.removesuffix("\n")
+        if self._streaming:
+            self._stream(value)
+            self._sink.call_arguments(self._index_now(), '"')
+        else:
+            self._write(f"{json.dumps(self._key, ensure_ascii=False)}: {parameter_json(value, self._types)}")
+        self._streaming = False
+
+    def _write(self, parameter: str) -> None:
+        """Begin a parameter's JSON: after `{` for the first, after `, ` for the others."""
+        self._sink.call_arguments(self._index_now(), (", " if self._written else "{") + parameter)
         self._written += 1
+
+    def _stream(self, text: str) -> None:
+        """Part of a string value, as JSON string text."""
+        self._sink.call_arguments(self._index_now(), json.dumps(text, ensure_ascii=False)[1:-1])
+
+    def _index_now(self) -> int:
+        assert self._index is not None
+        return self._index
 
     def _schema_of(self, key: str) -> Mapping[str, Any]:
         properties = self._parameters.get(self._name, {}).get("properties", {})
@@ -121,16 +165,8 @@ class Qwen3CoderReader:
         return schema if isinstance(schema, Mapping) else {}
 
     def _close_function(self) -> Status:
-        assert self._index is not None
-        self._sink.call_arguments(self._index, "}" if self._written else "{}")
+        self._sink.call_arguments(self._index_now(), "}" if self._written else "{}")
         return Status.DONE
-
-
-def _one_newline_off(value: str) -> str:
-    """The value as written between its tags, less the newline after the opening tag and the
-    one before the closing tag."""
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
 
 
 def _schema_types(schema: Mapping[str, Any]) -> frozenset[str]:

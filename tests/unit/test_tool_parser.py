@@ -222,12 +222,20 @@ def test_qwen3_coder_values_typed_by_the_schema() -> None:
                              '"where": {"lat": 37.5}, "hours": [1, 2], "scale": null, "note": "null"}')]
 
 
-def test_qwen3_coder_arguments_go_out_one_parameter_at_a_time() -> None:
+def test_qwen3_coder_strings_stream_and_typed_values_go_out_at_their_close() -> None:
     parser = ToolCallParser(QWEN3_CODER, WEATHER)
-    pieces = [piece for char in qwen_call("get_weather", [("city", "Seoul"), ("days", "3")])
-              for piece in parser.feed(char)] + parser.finish()
-    assert pieces == [CallStart(0, "get_weather"), CallArguments(0, '{"city": "Seoul"'),
-                      CallArguments(0, ', "days": 3'), CallArguments(0, "}")]
+    text = qwen_call("get_weather", [("city", "Seoul"), ("days", "3")])
+    pieces = [piece for char in text for piece in parser.feed(char)] + parser.finish()
+    fragments = [piece.fragment for piece in pieces if isinstance(piece, CallArguments)]
+    assert pieces[0] == CallStart(0, "get_weather")
+    assert fragments == ['{"city": "', *"Seoul", '"', ', "days": 3', "}"]
+
+
+def test_qwen3_coder_a_string_value_is_written_as_soon_as_it_cannot_be_its_close() -> None:
+    parser = ToolCallParser(QWEN3_CODER)
+    assert parser.feed("<tool_call>\n<function=w>\n<parameter=c>\n")[1:] == [CallArguments(0, '{"c": "')]
+    assert parser.feed('a\n"b"\n</par') == [CallArguments(0, 'a\\n\\"b\\"')]
+    assert parser.feed("ameter>\n</function>") == [CallArguments(0, '"}')]
 
 
 def test_qwen3_coder_multiline_values_parameterless_and_parallel_calls() -> None:
@@ -241,7 +249,9 @@ def test_qwen3_coder_malformed_and_unfinished() -> None:
     assert parse_every_way(QWEN3_CODER, "<tool_call>\nhello").text == "<tool_call>\nhello"
     cut = parse_every_way(QWEN3_CODER, "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n<param")
     assert cut.calls == [("f", '{"a": "x"')]
-    assert parse_every_way(QWEN3_CODER, "<tool_call>\n<function=f>\n<parameter=a>\nx").calls == [("f", "{}")]
+    assert parse_every_way(QWEN3_CODER, "<tool_call>\n<function=f>\n<parameter=a>\nx\n</par").calls == [
+        ("f", '{"a": "x\\n</par')]
+    assert parse_every_way(QWEN3_CODER, "<tool_call>\n<function=f>\n<parameter=").calls == [("f", "{}")]
 
 
 @pytest.mark.parametrize(("value", "types", "json_text"), [
