@@ -171,7 +171,7 @@ class ToolCallParser:
         values become JSON by their declared types)."""
         self._framing = _framing(format, parameters or {})
         firsts = "".join(sorted({marker.first for marker in self._framing.markers}))
-        self._candidates = re.compile(f"[{re.escape(firsts)}]")
+        self._candidates = re.compile(f"[{re.escape(firsts)}]" if firsts else "(?!)")
         self._text = ""  # what has arrived and is not yet decided, from `_at` on
         self._at = 0
         self._out = _Output()
@@ -284,7 +284,6 @@ class ToolCallParser:
             self._out.text("".join(self._raw))
         self._reader, self._raw = None, None
         self._after_call = not given_back
-
 
 
 class _Output:

@@ -316,3 +316,8 @@ def test_a_long_output_streams_through_with_little_held() -> None:
     assert sum(isinstance(piece, TextPiece) for piece in pieces) > 1000  # content was not held back
     parsed = assembled(pieces + parser.finish())
     assert parsed.calls == [("f", body)] and parsed.text == ("word <b> " * 2000).rstrip()
+
+
+def test_a_format_without_markers_passes_text_through() -> None:
+    bare = ToolFormat(HERMES.syntax, "", "")
+    assert parse_every_way(bare, "a <tool_call> b") == Parsed("a <tool_call> b")
