@@ -41,7 +41,7 @@ from llmd.api.sse import sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, ExtraFile, InfillInput, SamplingParams, TokenEvent
 from llmd.errors import InvalidRequest
-from llmd.protocol import Infill, InfillExtraChunk, InfillPiece, InfillRequest, InfillTimings
+from llmd.infill_protocol import Infill, InfillExtraChunk, InfillPiece, InfillRequest, InfillTimings
 
 log = logging.getLogger("llmd.api")
 _decoder = msgspec.json.Decoder(InfillRequest)

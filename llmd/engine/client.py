@@ -24,6 +24,7 @@ from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
 from llmd.engine.stream import GenerationStream
+from llmd.engine.tool_format import ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     SEED_LIMIT,
@@ -101,6 +102,15 @@ class Engine(Protocol):
     async def constrain(self, request: GrammarRequest) -> Constraint:
         """The grammar a request's output must follow (`SamplingParams.constraint`), compiled off the
         event loop; raises `InvalidRequest` naming `request.param` for a schema it cannot follow."""
+        ...
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """How the model writes tool calls and thinking (its chat template's formats)."""
+        ...
+
+    def opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether a chat prompt ends inside a thinking section, so the reply starts as thinking."""
         ...
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> TokenStream:
@@ -265,6 +275,17 @@ class EngineClient:
     def check_context(self, prompt_tokens: int, max_tokens: int | None) -> int:
         """The completion budget for this prompt; raises when it cannot fit."""
         return context_budget(self.max_context, prompt_tokens, max_tokens)
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """How the model writes tool calls and thinking (read from its chat template)."""
+        assert self._tokenizer is not None, "the engine has not started"
+        return self._tokenizer.chat_format
+
+    def opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether a chat prompt ends inside a thinking section (a short decode of its tail)."""
+        assert self._tokenizer is not None, "the engine has not started"
+        return self._tokenizer.opens_reasoning(prompt_ids)
 
     async def constrain(self, request: GrammarRequest) -> Constraint:
         """The request's grammar (see `Engine.constrain`), validated in a thread within

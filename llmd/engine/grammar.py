@@ -63,12 +63,15 @@ def refusal(message: str, param: str) -> InvalidRequest:
 
 
 def validated(request: GrammarRequest, tokenizer: Any = None) -> CompiledGrammar:
-    """The schema's grammar, checked (against the vocabulary when `tokenizer` is given).
+    """The schema's (or Lark text's) grammar, checked (against the vocabulary when `tokenizer` is given).
 
     Raises `InvalidRequest` (or `UnsupportedParameter` for a keyword) naming `request.param`.
     """
     try:
-        grammar = LLMatcher.grammar_from_json_schema(request.schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
+        if request.lark:
+            grammar = LLMatcher.grammar_from_lark(request.schema)
+        else:
+            grammar = LLMatcher.grammar_from_json_schema(request.schema, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
         raise refusal(str(exc), request.param) from None
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)

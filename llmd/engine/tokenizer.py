@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from llmd.engine.fim import (
     template_layout,
 )
 from llmd.engine.token_bytes import TokenBytes
+from llmd.engine.tool_format import detect_chat_format, grammar_token
 from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
@@ -52,6 +53,8 @@ EARLY_CHECK_CHARS_PER_TOKEN = 4
 # `/infill` keeps at most this many characters per context token of each hole (its end side of
 # the prefix, start of the suffix) before encoding: far above any tokenizer's longest tokens.
 HOLE_CHARS_PER_TOKEN = 16
+# Prompt tokens read back to see whether the generation prompt opened a thinking section.
+REASONING_TAIL_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,16 @@ class ChatTokenizer:
         self.fim = template_layout(fim_template, lookup) if fim_template else detect_fim_layout(lookup)
         self.repo = detect_repo_tokens(lookup)
         self.token_bytes = TokenBytes(self._tokenizer)  # each token's own text and bytes, for logprobs
+        # A call marker that is one special token (Mistral's `[TOOL_CALLS]`) is kept in decoded text,
+        # where the tool-call parser finds it; every other special token is skipped.
+        template = str(self._tokenizer.chat_template)
+        detected = detect_chat_format(template)
+        added = sorted(self._tokenizer.added_tokens_decoder.items())
+        tokens = tuple((token.content, token_id) for token_id, token in added
+                       if token.content in template and grammar_token(token.content, token.special))
+        self.chat_format = replace(detected, tokens=tokens)
+        self.marker_token = self._special_ids.get(detected.tools.start)
+        self._skipped = frozenset(self._special_ids.values()) - {self.marker_token}
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
@@ -149,6 +162,7 @@ class ChatTokenizer:
             rendered = self._tokenizer.apply_chat_template(
                 marker.mark(messages), add_generation_prompt=template.add_generation_prompt,
                 continue_final_message=template.continue_final_message, tokenize=False,
+                tools=marker.mark(list(template.tools)) if template.tools else None,
                 **marker.mark(dict(template.variables)),
             )
         except TemplateError as exc:  # the template's own `raise_exception`, or a variable it cannot use
@@ -382,8 +396,19 @@ class ChatTokenizer:
         """
         return tuple(dict.fromkeys(self._special_ids[stop] for stop in stops if stop in self._special_ids))
 
+    def opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt ends inside a thinking section (its template opened `<think>`)."""
+        markers = self.chat_format.reasoning
+        if markers is None:
+            return False
+        tail = str(self._tokenizer.decode(prompt_ids[-REASONING_TAIL_TOKENS:], skip_special_tokens=False))
+        return tail.rfind(markers.start) > tail.rfind(markers.end)
+
     def decode(self, ids: list[int]) -> str:
-        """Text of `ids`, special tokens skipped; the Rust decoder directly when available."""
+        """Text of `ids`, special tokens skipped (but the call marker); the Rust decoder when available."""
+        if self.marker_token is not None:
+            kept = [token for token in ids if token not in self._skipped]
+            return str(self._tokenizer.decode(kept, skip_special_tokens=False))
         if self._backend is not None:
             return str(self._backend.decode(ids, skip_special_tokens=True))
         return str(self._tokenizer.decode(ids, skip_special_tokens=True))

@@ -14,7 +14,11 @@ marks a reasoning model. Pure: no tokenizer, no torch.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
+
+# A template that reads the `tools` variable renders the tools itself.
+TOOLS_VARIABLE = re.compile(r"\btools\b")
 
 
 class ToolSyntax(enum.Enum):
@@ -61,11 +65,39 @@ class ReasoningMarkers:
 class ChatFormat:
     """What the API layer needs to know about the model's chat output: its tool-call format,
     its thinking markers (None: not a reasoning model), and whether its template renders
-    `tools` itself (otherwise llmd describes them in a system message)."""
+    `tools` itself (otherwise llmd describes them in a system message). The tokenizer fills in
+    `tokens`: the template's markers that grammars must write as tokens, never as text."""
 
     tools: ToolFormat = GENERIC
     reasoning: ReasoningMarkers | None = None
     template_renders_tools: bool = False
+    tokens: tuple[tuple[str, int], ...] = ()  # markers that are single tokens, and their ids
 
 
 PLAIN = ChatFormat()
+
+
+def grammar_token(content: str, special: bool) -> bool:
+    """Whether llguidance keeps an added token out of text, so grammars must name it: a special
+    one, or one written like a tag (`<tool_call>`, `<think>`; not `<function=`)."""
+    return special or (len(content) > 1 and content.startswith("<") and content.endswith(">"))
+
+
+def detect_tool_format(template: str) -> ToolFormat:
+    """The tool-call format a chat template renders, from its marker strings; `GENERIC` if none."""
+    if "<function=" in template and "<parameter=" in template:
+        return QWEN3_CODER
+    if "<tool_call>" in template:
+        return HERMES
+    if "[TOOL_CALLS]" in template:
+        return MISTRAL
+    if '"parameters"' in template and ("<|python_tag|>" in template or "ipython" in template):
+        return LLAMA3_JSON
+    return GENERIC
+
+
+def detect_chat_format(template: str) -> ChatFormat:
+    """Everything `ChatFormat` says, read from the template's text."""
+    reasoning = ReasoningMarkers() if "<think>" in template and "</think>" in template else None
+    renders_tools = TOOLS_VARIABLE.search(template) is not None
+    return ChatFormat(detect_tool_format(template) if renders_tools else GENERIC, reasoning, renders_tools)

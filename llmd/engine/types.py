@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,11 +41,13 @@ ANY_OBJECT = '{"type": "object"}'
 
 @dataclass(frozen=True, slots=True)
 class GrammarRequest:
-    """A request's constraint as asked: a JSON schema as text (`ANY_OBJECT` for any object), and
-    the request field it came from, which every refusal names."""
+    """A request's constraint as asked: a JSON schema as text (`ANY_OBJECT` for any object), or
+    with `lark` an llguidance Lark grammar (tool calls, thinking first: `api/tool_grammar.py`);
+    and the request field it came from, which every refusal names."""
 
     schema: str
     param: str
+    lark: bool = False
 
 
 class TokenMatcher(Protocol):
@@ -141,6 +143,7 @@ class TemplateOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     variables: Mapping[str, Any] = field(default_factory=dict)
+    tools: Sequence[Mapping[str, Any]] | None = None  # the template's `tools`, as OpenAI's tool objects
 
     def __post_init__(self) -> None:
         if self.add_generation_prompt and self.continue_final_message:

@@ -18,7 +18,7 @@ from llmd.api.infill_limits import InfillLimits, indent_cut
 from llmd.engine.fim import SNIPPET_SEPARATOR, RepoTokens, detect_repo_tokens, extra_context_parts, fit_holes
 from llmd.engine.types import ExtraFile
 from llmd.errors import InvalidRequest, UnsupportedParameter
-from llmd.protocol import Infill, InfillTimings
+from llmd.infill_protocol import Infill, InfillTimings
 
 REPO, SEP = 7, 8
 FILES = [("a.py", "x = 1\n"), ("b.py", "y = 2\n")]
