@@ -30,10 +30,27 @@ class ContentPart(msgspec.Struct, forbid_unknown_fields=True):
     cache_control: dict[str, Any] | None = None  # a prompt-caching hint (Anthropic style): ignored
 
 
+class FunctionCallIn(msgspec.Struct):
+    """The function of an assistant turn's tool call: its name and arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(msgspec.Struct):
+    """A tool call of an assistant turn sent back in the history. Unknown fields are ignored, not
+    refused: the SDKs' stream helpers echo what they accumulated (`index`, ...)."""
+
+    id: str
+    function: FunctionCallIn
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
     """A message in `messages` of a chat completion request.
 
-    The fields after `name` are an assistant turn's, as the SDKs echo a reply back.
+    The fields after `name` are an assistant turn's, as the SDKs echo a reply back; a `tool`
+    message answers the call `tool_call_id`.
     """
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -42,10 +59,11 @@ class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
     audio: dict[str, Any] | None = None
     function_call: dict[str, Any] | None = None
     refusal: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     annotations: list[Any] | None = None
     reasoning_content: str | None = None  # vLLM's and DeepSeek's name
     reasoning: str | None = None  # OpenRouter's and newer vLLM's name
+    tool_call_id: str | None = None
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -79,6 +97,42 @@ class JsonSchemaResponseFormat(msgspec.Struct, tag="json_schema", tag_field="typ
 
 
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
+# OpenAI's limit on tools per request; a tool name is letters, digits, `_` and `-`, 1 to 64 of them.
+MAX_TOOLS = 128
+ToolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class FunctionDefinition(msgspec.Struct, forbid_unknown_fields=True):
+    """A function tool: its name, description and parameters' JSON schema (none: no arguments).
+
+    `strict` or not, the arguments follow the schema: llmd always enforces it.
+    """
+
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionTool(msgspec.Struct, tag="function", tag_field="type", forbid_unknown_fields=True):
+    """An entry of `tools`: only function tools exist in chat completions."""
+
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(msgspec.Struct, forbid_unknown_fields=True):
+    """The function a named `tool_choice` forces."""
+
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct, tag="function", tag_field="type", forbid_unknown_fields=True):
+    """`tool_choice: {"type": "function", "function": {"name": ...}}`: call this tool."""
+
+    function: ToolChoiceFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -109,6 +163,8 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    tool_choice: ToolChoice | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None  # needs logprobs true, unless 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
     user: str | None = None
@@ -125,20 +181,45 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     continue_final_message: bool | None = None
 
 
+class CompletionTokensDetails(msgspec.Struct):
+    """How the completion's tokens divide: those a reasoning model spent thinking."""
+
+    reasoning_tokens: int
+
+
 class Usage(msgspec.Struct):
-    """Token accounting of one completion."""
+    """Token accounting of one completion; the details only for a reasoning model."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | msgspec.UnsetType = msgspec.UNSET
+
+
+class FunctionCall(msgspec.Struct):
+    """The function a reply calls: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call of a non-streamed reply."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class AssistantMessage(msgspec.Struct):
-    """The message of a non-streamed choice."""
+    """The message of a non-streamed choice: `content` null when the reply is only tool calls;
+    `tool_calls` and `reasoning_content` present only when there are some."""
 
     role: Literal["assistant"]
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET
+    reasoning_content: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class TopLogprob(msgspec.Struct):
@@ -187,11 +268,30 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
+class FunctionDelta(msgspec.Struct, omit_defaults=True):
+    """A piece of a streamed call's function: the name once (with `arguments: ""`), then arguments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A piece of a streamed tool call: `index` always; `id` and `type` on the call's first delta."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
 class Delta(msgspec.Struct, omit_defaults=True):
-    """The incremental message of one chunk: role first, then content pieces."""
+    """The incremental message of one chunk: role first, then content, thinking or tool-call pieces
+    (one kind per delta)."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(msgspec.Struct):
@@ -322,80 +422,3 @@ class Completion(msgspec.Struct):
     object: Literal["text_completion"] = "text_completion"
     system_fingerprint: str | None = None
     usage: Usage | None = None
-
-
-# --- Infill (`POST /infill`: llama.cpp's editor-autocomplete API, not OpenAI) ---------------------
-# Field names and meanings are llama.cpp's (tools/server), so llama.vim and llama.vscode work
-# unchanged; which are honoured, accepted and ignored, or refused is `api/infill.py`'s docstring.
-
-
-class InfillExtraChunk(msgspec.Struct, forbid_unknown_fields=True):
-    """One `input_extra` chunk: text of another file (or another part of this one) and its name."""
-
-    text: str = ""
-    filename: str = "tmp"  # llama.cpp's default
-    time: Any = None  # llama.vim sends when it picked the chunk (Vim's reltime()); nothing reads it
-
-
-class InfillRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """Body of `POST /infill` (llama.cpp's names; llama.cpp's defaults where omitted)."""
-
-    input_prefix: str = ""
-    input_suffix: str = ""
-    input_extra: Annotated[list[InfillExtraChunk], Meta(max_length=1024)] | None = None
-    prompt: str = ""  # the text right before the cursor, appended to the prefix (as llama.cpp)
-    n_predict: Annotated[int, Meta(ge=-1)] | None = None  # -1: until the context is full
-    stop: Annotated[list[str], Meta(max_length=MAX_STOP_STRINGS)] | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_k: Annotated[int, Meta(ge=-1)] | None = None
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Meta(ge=-1)] | None = None  # -1: random, as llama.cpp
-    repeat_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    samplers: Annotated[list[str], Meta(max_length=16)] | None = None
-    n_indent: Annotated[int, Meta(ge=0)] | None = None
-    t_max_predict_ms: Annotated[int, Meta(ge=0)] | None = None
-    t_max_prompt_ms: int | None = None  # accepted and ignored, as llama.cpp does
-    stream: bool | None = None
-    response_fields: Annotated[list[str], Meta(max_length=64)] | None = None
-    cache_prompt: bool | None = None  # accepted and ignored: llmd's prefix cache is automatic
-    id_slot: int | None = None  # accepted and ignored: llmd has no slots to pick
-
-
-class InfillTimings(msgspec.Struct):
-    """llama.cpp's `timings` of one request: prompt processing and generation, counts and times."""
-
-    prompt_n: int
-    prompt_ms: float
-    prompt_per_token_ms: float
-    prompt_per_second: float
-    predicted_n: int
-    predicted_ms: float
-    predicted_per_token_ms: float
-    predicted_per_second: float
-
-
-class InfillPiece(msgspec.Struct):
-    """A streamed `/infill` event: new text, and the counts so far."""
-
-    content: str
-    tokens_predicted: int
-    tokens_evaluated: int
-    index: int = 0
-    stop: bool = False
-
-
-class Infill(msgspec.Struct):
-    """The `/infill` result: the whole answer, or (streamed) the last event with `content` empty."""
-
-    content: str
-    model: str
-    tokens_predicted: int
-    tokens_evaluated: int
-    truncated: bool
-    tokens_cached: int
-    timings: InfillTimings
-    index: int = 0
-    stop: bool = True

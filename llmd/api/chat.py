@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -17,11 +18,29 @@ from llmd.api.choices import Generated, closing_all, collect_all, merged_events,
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
-from llmd.api.response_format import grammar_request
+from llmd.api.reply import Message, ReplyParser, ReplyShape
+from llmd.api.response_format import reply_grammar
 from llmd.api.sampling import sampling_params
 from llmd.api.sse import sse_response
-from llmd.engine.client import TokenStream
-from llmd.engine.types import Constraint, SamplingParams, TemplateOptions, TokenLogprobs
+from llmd.api.tool_grammar import Thinking, ToolSpec, xml_refusals
+from llmd.api.tools import (
+    ToolRequest,
+    call_id,
+    history_calls,
+    template_tools,
+    tool_request,
+    with_generic_tools,
+)
+from llmd.engine.client import Engine, TokenStream
+from llmd.engine.tool_format import PLAIN, ChatFormat, ToolSyntax
+from llmd.engine.types import (
+    Constraint,
+    GrammarRequest,
+    SamplingParams,
+    TemplateOptions,
+    TokenEvent,
+    TokenLogprobs,
+)
 from llmd.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
@@ -32,22 +51,37 @@ from llmd.protocol import (
     Choice,
     ChoiceLogprobs,
     ChunkChoice,
+    CompletionTokensDetails,
     Delta,
     Usage,
 )
 from llmd.validation import split_validation_error
 
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
+PLAIN_REPLY = ReplyShape()  # no tools, no thinking: the text is the content
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionMeta:
-    """What every chunk or response of one completion repeats."""
+    """What every chunk or response of one completion repeats, and how its replies are read:
+    `named` when `tool_choice` forced one function (its reply finishes as `"stop"`, as OpenAI's)."""
 
     id: str
     created: int
     model: str
     prompt_tokens: int
+    shape: ReplyShape = PLAIN_REPLY
+    named: bool = False
+    chat: ChatFormat = PLAIN
+
+    def parser(self) -> ReplyParser:
+        """A fresh reader of one choice's reply."""
+        return ReplyParser(self.shape, lambda: call_id(self.chat))
+
+    def finish_reason(self, reason: str, parser: ReplyParser | None) -> str:
+        """`tool_calls` for a reply that called tools and ended by itself (not a named call)."""
+        called = parser is not None and parser.calls > 0
+        return "tool_calls" if called and reason == "stop" and not self.named else reason
 
 
 @post("/v1/chat/completions", status_code=200)
@@ -57,12 +91,18 @@ async def create_chat_completion(
     """Generate `n` chat completion choices, streamed as SSE when `stream` is true."""
     body = parse_body(await request.body())
     check_model(body.model, served.id)
-    grammar = grammar_request(body)
-    constraint = await engine.constrain(grammar) if grammar is not None else None
-    prompt_ids = await engine.encode_chat(to_template_messages(body.messages), template_options(body))
+    chat = engine.chat_format
+    tools = tool_request(body)
+    messages = chat_messages(body, chat, tools)
+    prompt_ids = await engine.encode_chat(messages, template_options(body, chat, tools))
+    thinking = thinking_at_start(chat, engine.opens_reasoning(prompt_ids))
+    constraint = await reply_constraint(engine, body, tools, chat, thinking)
     budget = engine.check_context(len(prompt_ids), requested_max_tokens(body))
     params = to_sampling_params(body, budget, constraint)
-    meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids))
+    shape = ReplyShape(chat.tools if tools else None, tools.parameters if tools else {}, chat.reasoning,
+                       thinking is Thinking.OPEN)
+    meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids),
+                          shape, tools is not None and tools.named, chat)
     streams = engine.submit_choices(prompt_ids, params, body.n or 1)
     logprobs = params.logprobs is not None
     if body.stream:
@@ -72,6 +112,38 @@ async def create_chat_completion(
     with closing_all(streams):
         generated = await unless_disconnected(request, collect_all(streams, logprobs))
     return Response(chat_completion(meta, generated, streams))
+
+
+def thinking_at_start(chat: ChatFormat, opened: bool) -> Thinking:
+    """Where a reply's thinking stands as generation starts (the prompt may have opened it)."""
+    if chat.reasoning is None:
+        return Thinking.NONE
+    return Thinking.OPEN if opened else Thinking.OPTIONAL
+
+
+async def reply_constraint(engine: Engine, body: ChatCompletionRequest, tools: ToolRequest | None,
+                           chat: ChatFormat, thinking: Thinking) -> Constraint | None:
+    """The compiled grammar of the reply, or None for free text. Each tool's parameter schema is
+    checked on its own first, so a refusal names the tool's field."""
+    grammar = reply_grammar(body, tools, chat, thinking)
+    if grammar is None:
+        return None
+    called = {spec.name: spec for spec in tools.plan.tools} if tools is not None else {}
+    for index, tool in enumerate(body.tools or ()):
+        if tool.function.name in called:
+            param = f"tools[{index}].function.parameters"
+            check_xml_parameters(chat, called[tool.function.name], param)
+            await engine.constrain(GrammarRequest(json.dumps(called[tool.function.name].parameters), param))
+    return await engine.constrain(grammar)
+
+
+def check_xml_parameters(chat: ChatFormat, tool: ToolSpec, param: str) -> None:
+    """Refuse string keywords a Qwen3-Coder model's raw-text values could not be held to."""
+    refused = xml_refusals(tool) if chat.tools.syntax is ToolSyntax.QWEN3_CODER else []
+    if refused:
+        path = f"{param}.{refused[0]}"
+        raise UnsupportedParameter(f"`{path}` cannot be enforced in this model's XML tool-call format, "
+                                   "whose string values are raw text", param=path)
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -118,9 +190,20 @@ def check_model(requested: str, served: str) -> None:
         raise ModelNotFound(message, param="model")
 
 
+def chat_messages(body: ChatCompletionRequest, chat: ChatFormat, tools: ToolRequest | None
+                  ) -> list[dict[str, Any]]:
+    """The request's messages for the template; for one that renders no tools, with the generic
+    format's instruction and calls written as text (`api/tools.py`)."""
+    messages = to_template_messages(body.messages)
+    if chat.template_renders_tools:
+        return messages
+    return with_generic_tools(messages, tools.tools if tools is not None else None)
+
+
 def to_template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: role, plain-text content, and a name or an
-    assistant turn's reasoning when given (a template that knows `reasoning_content` renders it)."""
+    """Messages as the chat template expects them: role, plain-text content, and a name, an
+    assistant turn's reasoning and tool calls, or a tool result's call id when given (a template
+    that knows `reasoning_content` renders it)."""
     return [template_message(m, i) for i, m in enumerate(messages)]
 
 
@@ -130,7 +213,9 @@ def template_message(message: ChatMessage, index: int) -> dict[str, Any]:
     reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
     return ({"role": message.role, "content": content}
             | ({"name": message.name} if message.name else {})
-            | ({"reasoning_content": reasoning} if reasoning is not None else {}))
+            | ({"reasoning_content": reasoning} if reasoning is not None else {})
+            | ({"tool_calls": history_calls(message, index)} if message.tool_calls else {})
+            | ({"tool_call_id": message.tool_call_id} if message.tool_call_id is not None else {}))
 
 
 def message_text(message: ChatMessage, index: int) -> str:
@@ -147,13 +232,22 @@ def message_text(message: ChatMessage, index: int) -> str:
     return "".join(part.text or "" for part in message.content)
 
 
-def template_options(body: ChatCompletionRequest) -> TemplateOptions:
+def template_options(body: ChatCompletionRequest, chat: ChatFormat = PLAIN, tools: ToolRequest | None = None
+                     ) -> TemplateOptions:
     """How to render the chat: `reasoning_effort` and `chat_template_kwargs` become template
-    variables (the kwargs win); the generation prompt is on unless the last message is continued."""
+    variables (the kwargs win; `reasoning_effort: "none"` also turns `enable_thinking` off); the
+    generation prompt is on unless the last message is continued; the tools offered, for a template
+    that renders them."""
     continued = bool(body.continue_final_message)
     generation_prompt = not continued if body.add_generation_prompt is None else body.add_generation_prompt
-    variables = {"reasoning_effort": body.reasoning_effort} if body.reasoning_effort is not None else {}
-    return TemplateOptions(generation_prompt, continued, variables | (body.chat_template_kwargs or {}))
+    variables: dict[str, Any] = {}
+    if body.reasoning_effort is not None:
+        variables["reasoning_effort"] = body.reasoning_effort
+        if body.reasoning_effort == "none":
+            variables["enable_thinking"] = False
+    offered = template_tools(tools.tools) if tools is not None and chat.template_renders_tools else None
+    variables |= body.chat_template_kwargs or {}
+    return TemplateOptions(generation_prompt, continued, variables, offered)
 
 
 def requested_max_tokens(body: ChatCompletionRequest) -> int | None:
@@ -189,15 +283,28 @@ async def stream_chunks(streams: Sequence[TokenStream], meta: CompletionMeta, in
         for index in range(len(streams)):
             yield chunk(meta, index, Delta(role="assistant", content=""))
         held: list[list[TokenLogprobs]] | None = [[] for _ in streams] if logprobs else None
+        parsers = [meta.parser() for _ in streams] if meta.shape.parsed else None
         async for index, event in merged_events(streams):
             if held is not None and event.logprobs is not None:
                 held[index].append(event.logprobs)
-            if event.text:
-                yield chunk(meta, index, Delta(content=event.text), None, release(held, index))
+            parser = parsers[index] if parsers is not None else None
+            for delta in reply_deltas(parser, event):
+                yield chunk(meta, index, delta, None, release(held, index))
             if event.finish_reason is not None:
-                yield chunk(meta, index, Delta(), event.finish_reason.value, release(held, index))
+                reason = meta.finish_reason(event.finish_reason.value, parser)
+                yield chunk(meta, index, Delta(), reason, release(held, index))
         if include_usage:
-            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=usage(meta, streams))
+            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model,
+                                      usage=usage(meta, streams, parsers))
+
+
+def reply_deltas(parser: ReplyParser | None, event: TokenEvent) -> list[Delta]:
+    """The deltas one event's text makes: the text itself for a plain reply, else what the reply's
+    parser reads in it (and, on the last event, all it still held)."""
+    if parser is None:
+        return [Delta(content=event.text)] if event.text else []
+    deltas = parser.feed(event.text, event.completion_tokens) if event.text else []
+    return deltas + parser.finish() if event.finish_reason is not None else deltas
 
 
 def release(held: list[list[TokenLogprobs]] | None, index: int) -> ChoiceLogprobs | None:
@@ -215,18 +322,46 @@ def chunk(meta: CompletionMeta, index: int, delta: Delta, finish_reason: str | N
     return ChatCompletionChunk(meta.id, [choice], meta.created, meta.model)
 
 
-def usage(meta: CompletionMeta, streams: Sequence[TokenStream]) -> Usage:
-    """Token accounting of finished choices: the prompt once (it is prefilled once), every choice's tokens."""
+def usage(meta: CompletionMeta, streams: Sequence[TokenStream],
+          parsers: Sequence[ReplyParser] | None = None) -> Usage:
+    """Token accounting of finished choices: the prompt once (it is prefilled once), every choice's
+    tokens; for a reasoning model, how many of them were thinking."""
     completion = sum(stream.completion_tokens for stream in streams)
-    return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion)
+    if meta.shape.reasoning is None or parsers is None:
+        return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion)
+    details = CompletionTokensDetails(sum(parser.reasoning_tokens for parser in parsers))
+    return Usage(meta.prompt_tokens, completion, meta.prompt_tokens + completion, details)
 
 
 def chat_completion(meta: CompletionMeta, generated: list[Generated], streams: Sequence[TokenStream]
                     ) -> ChatCompletion:
     """The non-streamed `chat.completion`: choice i is stream i's whole output."""
-    choices = [Choice(index, AssistantMessage("assistant", choice.text), choice_logprobs(choice),
-                      choice.finish_reason) for index, choice in enumerate(generated)]
-    return ChatCompletion(meta.id, choices, meta.created, meta.model, usage(meta, streams))
+    if not meta.shape.parsed:
+        choices = [Choice(index, AssistantMessage("assistant", choice.text), choice_logprobs(choice),
+                          choice.finish_reason) for index, choice in enumerate(generated)]
+        return ChatCompletion(meta.id, choices, meta.created, meta.model, usage(meta, streams))
+    parsers = [meta.parser() for _ in generated]
+    choices = [parsed_choice(meta, index, choice, parser)
+               for index, (choice, parser) in enumerate(zip(generated, parsers, strict=True))]
+    return ChatCompletion(meta.id, choices, meta.created, meta.model, usage(meta, streams, parsers))
+
+
+def parsed_choice(meta: CompletionMeta, index: int, choice: Generated, parser: ReplyParser) -> Choice:
+    """A choice whose text was read for thinking and calls, part by part as it was generated (so
+    the thinking's tokens are counted); content null when it only calls tools."""
+    message = Message()
+    for text, tokens in zip(choice.parts, choice.counts, strict=True):
+        for delta in parser.feed(text, tokens) if text else ():
+            message.add(delta)
+    for delta in parser.finish():
+        message.add(delta)
+    content = "".join(message.content)
+    reply = AssistantMessage("assistant", None if message.calls and not content else content)
+    if message.calls:
+        reply.tool_calls = message.calls
+    if message.reasoning:
+        reply.reasoning_content = "".join(message.reasoning)
+    return Choice(index, reply, choice_logprobs(choice), meta.finish_reason(choice.finish_reason, parser))
 
 
 def choice_logprobs(choice: Generated) -> ChoiceLogprobs | None:

@@ -2,13 +2,14 @@
 
 The rule stays "never silently ignore a field that changes the answer". Clients send more than
 that, though: the SDKs echo an assistant reply back with `refusal: null` and friends, agent
-frameworks add `store`, `metadata`, `parallel_tool_calls`. Such a field is accepted here only
+frameworks add `store`, `metadata`, `prompt_cache_key`. Such a field is accepted here only
 when, and only with the values for which, it cannot change what a local model answers; any
 other value asks for something llmd does not do and is refused with a 400 naming it. Every
 refusal of one body is gathered into one 400 (message lists each, `param` names the first),
 so a client learns all it must drop at once. What was ignored is logged at debug level.
 
-`n`, `logprobs`, `top_logprobs` and `logit_bias` are not here: they are served (`api/chat.py`).
+`n`, `logprobs`, `top_logprobs`, `logit_bias` and tools are not here: they are served (`api/chat.py`,
+`api/tools.py`).
 
 Pure: no engine, no web framework; `api/chat.py` calls it.
 """
@@ -36,7 +37,6 @@ IGNORED_FIELDS: dict[str, str] = {
     "prompt_cache_key": "llmd's prefix cache finds shared prefixes by their tokens",
     "prompt_cache_retention": "llmd's prefix cache keeps what its memory budget allows",
     "verbosity": "a hint to OpenAI's GPT-5 models that no local chat template reads",
-    "parallel_tool_calls": "llmd serves no tools, so there are no tool calls to parallelize",
     "stream_options": "ignored when not streaming (`include_usage` shapes only the stream)",
     "modalities": 'accepted only as ["text"], what llmd answers in anyway',
 }
@@ -46,9 +46,8 @@ IGNORED_MESSAGE_FIELDS: dict[str, str] = {
     "annotations": "citations of OpenAI's web search",
     "audio": "accepted only as null",
     "function_call": "accepted only as null",
-    "tool_calls": "accepted only as null or []",
 }
-ASSISTANT_ONLY = (*IGNORED_MESSAGE_FIELDS, "reasoning_content", "reasoning")
+ASSISTANT_ONLY = (*IGNORED_MESSAGE_FIELDS, "tool_calls", "reasoning_content", "reasoning")
 UNKNOWN = "is not supported by llmd"
 
 
@@ -139,12 +138,14 @@ def request_value_problems(body: ChatCompletionRequest) -> list[tuple[str, str]]
 
 
 def message_value_problems(message: ChatMessage, path: str) -> list[Refusal]:
-    """Values of one message llmd cannot honour: turn fields on the wrong role, audio, tool calls, parts."""
+    """Values of one message llmd cannot honour: turn fields on the wrong role, audio, parts."""
     if message.role == "assistant":
         found = [Refusal(f"{path}.{name}", reason) for name, reason in assistant_problems(message)]
     else:
         found = [Refusal(f"{path}.{name}", "is only accepted on an assistant message")
                  for name in ASSISTANT_ONLY if getattr(message, name) is not None]
+    if message.tool_call_id is not None and message.role != "tool":
+        found.append(Refusal(f"{path}.tool_call_id", "is only accepted on a tool message"))
     parts = message.content if isinstance(message.content, list) else []
     return found + [part_type_refusal(part.type, f"{path}.content[{j}]")
                     for j, part in enumerate(parts) if part.type != "text"]
@@ -154,8 +155,8 @@ def assistant_problems(message: ChatMessage) -> list[tuple[str, str]]:
     """(field, reason) for each echoed assistant field that refers to something llmd never made."""
     checks = [
         ("audio", message.audio is not None, "must be null: llmd has no audio replies to refer to"),
-        ("function_call", message.function_call is not None, "must be null: llmd serves no functions"),
-        ("tool_calls", bool(message.tool_calls), "must be null or []: llmd serves no tools"),
+        ("function_call", message.function_call is not None,
+         "must be null: the legacy functions API is not served; send `tool_calls`"),
     ]
     return [(name, reason) for name, refused, reason in checks if refused]
 

@@ -33,7 +33,7 @@ def test_bad_fields_are_400_naming_the_param(fields: dict, param: str) -> None:
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", []), ("modalities", ["text", "audio"]),
+    ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]),
     ("audio", {"voice": "alloy"}),
 ])
 def test_unimplemented_fields_are_400_unsupported_parameter(field: str, value: object) -> None:

@@ -85,6 +85,6 @@ def test_every_refused_field_in_one_400_on_the_wire(daemon: Daemon) -> None:
 
     unknown = error_of(foo=1, prediction={"type": "content", "content": "x"}, modalities=["audio"])
     assert unknown["param"] == "foo" and "`prediction`" in unknown["message"]
-    turns = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]
+    turns = [*MESSAGES, {"role": "user", "content": "x", "tool_call_id": "c"}]
     values = error_of(modalities=["audio"], messages=turns)
-    assert values["param"] == "modalities" and "`messages[1].tool_calls`" in values["message"]
+    assert values["param"] == "modalities" and "`messages[1].tool_call_id`" in values["message"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from llmd.engine.client import Engine, choice_seed, context_budget
 from llmd.engine.grammar import CompiledGrammar, validated
+from llmd.engine.tool_format import PLAIN, ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
     CompletionPrompt,
@@ -150,9 +151,15 @@ class FakeEngine:
     submitted: list[tuple[list[int], SamplingParams]] = field(default_factory=list)
     streams: list[FakeStream] = field(default_factory=list)
     choice_counts: list[int] = field(default_factory=list)  # `n` of each `submit_choices`
+    chat_format: ChatFormat = PLAIN  # the fake model's tool-call and thinking formats
+    prompt_opens_reasoning: bool = False  # what `opens_reasoning` answers
 
     def __post_init__(self) -> None:
         self.ready.set()
+
+    def opens_reasoning(self, prompt_ids: list[int]) -> bool:
+        """`prompt_opens_reasoning`, for a fake reasoning model; False otherwise."""
+        return self.prompt_opens_reasoning and self.chat_format.reasoning is not None
 
     async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
                           ) -> list[int]:

@@ -21,14 +21,15 @@ DUMPED = ECHOED | {"annotations": None, "audio": None, "function_call": None, "t
 HARMLESS = {
     "store": False, "metadata": {"run": "7"}, "service_tier": "auto", "user": "u-1",
     "safety_identifier": "s-1", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
-    "verbosity": "low", "parallel_tool_calls": True, "stream_options": {"include_usage": True},
+    "verbosity": "low", "stream_options": {"include_usage": True},
     "modalities": ["text"],
 }
 # Served now (api/chat.py), so no longer on the allow-list; these values are the defaults.
 SERVED = {"n": 1, "logprobs": False, "top_logprobs": 0, "logit_bias": {},
-          "response_format": {"type": "text"}}
+          "response_format": {"type": "text"}, "parallel_tool_calls": True, "tools": [],
+          "tool_choice": "auto"}
 ASSISTANT_FIELDS = {"refusal": None, "annotations": [{"type": "url_citation"}], "audio": None,
-                    "function_call": None, "tool_calls": []}
+                    "function_call": None}
 
 
 def body(**fields: object) -> bytes:
@@ -128,7 +129,8 @@ def test_unknown_fields_come_before_a_bad_value() -> None:
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"messages": [USER, {"role": "assistant", "audio": {"id": "a1"}}]}, "messages[1].audio"),
-    ({"messages": [USER, {"role": "assistant", "tool_calls": [{"id": "c"}]}]}, "messages[1].tool_calls"),
+    ({"messages": [USER, {"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages[1].tool_call_id"),
+    ({"messages": [USER, {"role": "user", "content": "x", "tool_calls": []}]}, "messages[1].tool_calls"),
     ({"messages": [USER, {"role": "assistant", "function_call": {"name": "f"}}]},
      "messages[1].function_call"),
     ({"messages": [{"role": "user", "content": "x", "refusal": None, "reasoning": "r"}]},
@@ -142,9 +144,9 @@ def test_a_value_that_asks_for_more_than_text_is_refused_by_name(fields: dict, p
 def test_several_refused_values_are_named_in_one_400() -> None:
     parts = [{"type": "text", "text": "a"}, {"type": "image_url"}]
     error = refusal_of(body(modalities=["audio"], messages=[
-        {"role": "user", "content": parts}, {"role": "assistant", "tool_calls": [{"id": "c"}]}]))
+        {"role": "user", "content": parts}, {"role": "user", "content": "x", "tool_call_id": "c"}]))
     assert error.param == "modalities" and error.message.startswith("3 fields are refused")
-    named = ("modalities", "messages[0].content[1].type", "messages[1].tool_calls")
+    named = ("modalities", "messages[0].content[1].type", "messages[1].tool_call_id")
     assert all(f"`{param}`" in error.message for param in named)
 
 
@@ -152,7 +154,7 @@ def test_ignored_fields_are_logged_at_debug(caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.DEBUG, logger="llmd.api"):
         parse_body(body(store=True, messages=[USER, ECHOED | ASSISTANT_FIELDS, USER]))
     logged = " ".join(record.getMessage() for record in caplog.records)
-    assert "store" in logged and "messages[1].annotations" in logged and "messages[1].tool_calls" in logged
+    assert "store" in logged and "messages[1].annotations" in logged
 
 
 def test_template_options_default_to_a_generation_prompt() -> None:

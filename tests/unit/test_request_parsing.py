@@ -48,7 +48,7 @@ def test_out_of_range_or_wrong_type_names_the_param(fields: dict, param: str) ->
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", []), ("tool_choice", "auto"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("prediction", {"type": "content"}),
 ])
 def test_unimplemented_openai_fields_are_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(UnsupportedParameter) as err:
