@@ -123,9 +123,10 @@ def call_grammar(fmt: ToolFormat, plan: CallPlan, thinking: Thinking, markers: R
     opener = spell.text(call_opener(fmt))
     rules = ["start: prefix body", *call_rules(fmt, plan, spell), *thinking_rules(thinking, markers, spell),
              "TEXT: /(.|\\n)*/"]
-    single = not plan.parallel or fmt.syntax in SINGLE_OPENER
+    single = not plan.parallel or (fmt.syntax in SINGLE_OPENER and not fmt.name_separator)
+    separator = "" if fmt.name_separator else SEPARATOR  # Mistral's named calls follow each other
     # The reply ends with its last call: nothing but another call may follow it.
-    calls = f"{opener} rest" + ("" if single else f" ({spell.text(SEPARATOR + call_opener(fmt))} rest)*")
+    calls = f"{opener} rest" + ("" if single else f" ({spell.text(separator + call_opener(fmt))} rest)*")
     if plan.required:
         rules.append(f"body: {calls}")
     elif answer is not None:
@@ -133,7 +134,8 @@ def call_grammar(fmt: ToolFormat, plan: CallPlan, thinking: Thinking, markers: R
     elif spell.is_token(call_opener(fmt)):  # text never holds the token: the call follows it
         rules.append(f"body: TEXT | TEXT {calls}")
     else:
-        rules += [f"trigger[lazy]: TEXT {opener}", f"body: TEXT | trigger {calls.removeprefix(opener).lstrip()}"]
+        after = calls.removeprefix(opener).lstrip()  # the trigger itself holds the opener
+        rules += [f"trigger[lazy]: TEXT {opener}", f"body: TEXT | trigger {after}"]
     return lark(rules)
 
 
@@ -153,7 +155,7 @@ def call_rules(fmt: ToolFormat, plan: CallPlan, spell: Spelling) -> list[str]:
         return xml_call_rules(fmt, plan.tools, spell)
     keyed = [f"call_{k}: {json_call(fmt, tool, spell)}" for k, tool in enumerate(plan.tools)]
     alternatives = " | ".join(f"call_{k}" for k in range(len(plan.tools)))
-    if fmt.syntax is ToolSyntax.MISTRAL:
+    if fmt.syntax is ToolSyntax.MISTRAL and not fmt.name_separator:
         more = f" ({literal(', ')} one_call)*" if plan.parallel else ""
         return [*keyed, f"one_call: {alternatives}", f"rest: \"[\" one_call{more} \"]\""]
     return [*keyed, f"rest: {alternatives}"]
@@ -166,6 +168,8 @@ def json_call(fmt: ToolFormat, tool: ToolSpec, spell: Spelling) -> str:
     key = json.dumps(fmt.arguments_key)
     if fmt.syntax is ToolSyntax.LLAMA3_JSON:
         return f"{literal(f'{name}, {key}: ')} {arguments} \"}}\""
+    if fmt.name_separator:
+        return f"{spell.text(tool.name + fmt.name_separator)} {arguments}"
     head = f'{{"name": {name}, {key}: '
     if fmt.syntax is ToolSyntax.MISTRAL:
         return f"{literal(head)} {arguments} \"}}\""

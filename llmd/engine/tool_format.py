@@ -2,7 +2,8 @@
 
 As llama.cpp does, the template's own text says the format: a template that renders assistant
 calls between `<tool_call>` tags is Hermes-style (Qwen2.5, Qwen3, Hermes), one with
-`<function=` and `<parameter=` is Qwen3-Coder's XML, one with `[TOOL_CALLS]` is Mistral's, one
+`<function=` and `<parameter=` is Qwen3-Coder's XML, one with `[TOOL_CALLS]` is Mistral's (its
+newer `NAME[ARGS]{...}` form where the template has `[ARGS]`), one
 that asks for `"parameters"` JSON with `<|python_tag|>` or `ipython` turns is Llama 3.x's. A
 template with none of them gets the generic format: the tools described in a system message,
 calls written between `<tool_call>` tags (the grammar holds the model to it).
@@ -44,11 +45,13 @@ class ToolFormat:
     start: str
     end: str
     arguments_key: str = "arguments"
+    name_separator: str = ""  # Mistral's newer `[TOOL_CALLS]NAME[ARGS]{...}`: what parts name and arguments
 
 
 HERMES = ToolFormat(ToolSyntax.HERMES, "<tool_call>", "</tool_call>")
 LLAMA3_JSON = ToolFormat(ToolSyntax.LLAMA3_JSON, "", "", "parameters")
 MISTRAL = ToolFormat(ToolSyntax.MISTRAL, "[TOOL_CALLS]", "")
+MISTRAL_NAMED = ToolFormat(ToolSyntax.MISTRAL, "[TOOL_CALLS]", "", name_separator="[ARGS]")
 QWEN3_CODER = ToolFormat(ToolSyntax.QWEN3_CODER, "<tool_call>", "</tool_call>")
 GENERIC = ToolFormat(ToolSyntax.GENERIC, "<tool_call>", "</tool_call>")
 
@@ -90,7 +93,7 @@ def detect_tool_format(template: str) -> ToolFormat:
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:
-        return MISTRAL
+        return MISTRAL_NAMED if MISTRAL_NAMED.name_separator in template else MISTRAL
     if '"parameters"' in template and ("<|python_tag|>" in template or "ipython" in template):
         return LLAMA3_JSON
     return GENERIC

@@ -21,6 +21,7 @@ from llmd.engine.tool_format import (
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
+    MISTRAL_NAMED,
     QWEN3_CODER,
     ReasoningMarkers,
     ToolFormat,
@@ -182,3 +183,14 @@ def test_the_tag_rule_matches_llguidance() -> None:
     for text in (*TAGS, MISTRAL.start, END):
         token = tokenizer.token_to_id(text)
         assert grammar_token(text, special=text in (MISTRAL.start, END)) == view.is_special_token(token)
+
+
+def test_mistrals_named_form_is_read_from_its_args_marker_and_followed() -> None:
+    named = detect_chat_format(tool_templates.MISTRAL.replace("[TOOL_CALLS]", "[TOOL_CALLS]{{ name }}[ARGS]"))
+    assert named.tools == MISTRAL_NAMED
+    one, two = '[TOOL_CALLS]get_weather[ARGS]{"city": "Seoul"}', "[TOOL_CALLS]now[ARGS]{}"
+    spell = Spelling({MISTRAL.start: MISTRAL_TOKEN})
+    assert follows(grammar(MISTRAL_NAMED, spell=spell), one + two)
+    assert follows(grammar(MISTRAL_NAMED, spell=spell), "Text first. " + one)
+    assert not follows(grammar(MISTRAL_NAMED, parallel=False, spell=spell), one + two)
+    assert not follows(grammar(MISTRAL_NAMED, spell=spell), '[TOOL_CALLS][{"name": "now", "arguments": {}}]')
