@@ -152,9 +152,9 @@ def test_errors_arrive_as_sdk_exceptions(daemon: Daemon) -> None:
         sdk.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as unsupported:
-        sdk.chat.completions.create(model="tiny", messages=MESSAGES, tools=[{
-            "type": "function", "function": {"name": "f", "parameters": {}}}])
-    assert unsupported.value.body["param"] == "tools"  # type: ignore[index]
+        sdk.chat.completions.create(model="tiny", messages=MESSAGES, tool_choice="required", tools=[{
+            "type": "function", "function": {"name": "f", "parameters": {"not": {}}}}])
+    assert unsupported.value.body["param"] == "tools[0].function.parameters"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as too_long:  # the daemon's context: the tiny model's 4096
         sdk.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=100_000)
     assert too_long.value.code == "context_length_exceeded"

@@ -180,7 +180,7 @@ def test_langchain_bind_tools(family: Daemon) -> None:
 
     llm = ChatOpenAI(model="tiny", base_url=family.base_url, api_key="unused", max_retries=0,  # type: ignore[arg-type]
                      max_tokens=100)  # type: ignore[call-arg]
-    message = llm.bind_tools([WEATHER], tool_choice="required").invoke("Weather in Seoul?")
+    message = llm.bind_tools([WEATHER], tool_choice="required", parallel_tool_calls=False).invoke("Weather?")
     [call] = message.tool_calls
     assert call["name"] == "get_weather" and valid_call(call["name"], json.dumps(call["args"]))
 
