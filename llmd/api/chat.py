@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 import uuid
@@ -19,10 +18,10 @@ from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.reply import Message, ReplyParser, ReplyShape
-from llmd.api.response_format import reply_grammar
+from llmd.api.response_format import reply_constraint, thinking_at_start
 from llmd.api.sampling import sampling_params
 from llmd.api.sse import sse_response
-from llmd.api.tool_grammar import Thinking, ToolSpec, xml_refusals
+from llmd.api.tool_grammar import Thinking
 from llmd.api.tools import (
     ToolRequest,
     call_id,
@@ -32,10 +31,9 @@ from llmd.api.tools import (
     with_generic_tools,
 )
 from llmd.engine.client import Engine, TokenStream
-from llmd.engine.tool_format import PLAIN, ChatFormat, ToolSyntax
+from llmd.engine.tool_format import PLAIN, ChatFormat
 from llmd.engine.types import (
     Constraint,
-    GrammarRequest,
     SamplingParams,
     TemplateOptions,
     TokenEvent,
@@ -91,18 +89,7 @@ async def create_chat_completion(
     """Generate `n` chat completion choices, streamed as SSE when `stream` is true."""
     body = parse_body(await request.body())
     check_model(body.model, served.id)
-    chat = engine.chat_format
-    tools = tool_request(body)
-    messages = chat_messages(body, chat, tools)
-    prompt_ids = await engine.encode_chat(messages, template_options(body, chat, tools))
-    thinking = thinking_at_start(chat, engine.opens_reasoning(prompt_ids))
-    constraint = await reply_constraint(engine, body, tools, chat, thinking)
-    budget = engine.check_context(len(prompt_ids), requested_max_tokens(body))
-    params = to_sampling_params(body, budget, constraint)
-    shape = ReplyShape(chat.tools if tools else None, tools.parameters if tools else {}, chat.reasoning,
-                       thinking is Thinking.OPEN)
-    meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids),
-                          shape, tools is not None and tools.named, chat)
+    prompt_ids, params, meta = await prepared(engine, body)
     streams = engine.submit_choices(prompt_ids, params, body.n or 1)
     logprobs = params.logprobs is not None
     if body.stream:
@@ -114,36 +101,22 @@ async def create_chat_completion(
     return Response(chat_completion(meta, generated, streams))
 
 
-def thinking_at_start(chat: ChatFormat, opened: bool) -> Thinking:
-    """Where a reply's thinking stands as generation starts (the prompt may have opened it)."""
-    if chat.reasoning is None:
-        return Thinking.NONE
-    return Thinking.OPEN if opened else Thinking.OPTIONAL
-
-
-async def reply_constraint(engine: Engine, body: ChatCompletionRequest, tools: ToolRequest | None,
-                           chat: ChatFormat, thinking: Thinking) -> Constraint | None:
-    """The compiled grammar of the reply, or None for free text. Each tool's parameter schema is
-    checked on its own first, so a refusal names the tool's field."""
-    grammar = reply_grammar(body, tools, chat, thinking)
-    if grammar is None:
-        return None
-    called = {spec.name: spec for spec in tools.plan.tools} if tools is not None else {}
-    for index, tool in enumerate(body.tools or ()):
-        if tool.function.name in called:
-            param = f"tools[{index}].function.parameters"
-            check_xml_parameters(chat, called[tool.function.name], param)
-            await engine.constrain(GrammarRequest(json.dumps(called[tool.function.name].parameters), param))
-    return await engine.constrain(grammar)
-
-
-def check_xml_parameters(chat: ChatFormat, tool: ToolSpec, param: str) -> None:
-    """Refuse string keywords a Qwen3-Coder model's raw-text values could not be held to."""
-    refused = xml_refusals(tool) if chat.tools.syntax is ToolSyntax.QWEN3_CODER else []
-    if refused:
-        path = f"{param}.{refused[0]}"
-        raise UnsupportedParameter(f"`{path}` cannot be enforced in this model's XML tool-call format, "
-                                   "whose string values are raw text", param=path)
+async def prepared(engine: Engine, body: ChatCompletionRequest
+                   ) -> tuple[list[int], SamplingParams, CompletionMeta]:
+    """The prompt, the sampling (with the reply's grammar) and how the replies are read: the
+    tools offered, the template's formats, whether the prompt opened the thinking."""
+    chat = engine.chat_format
+    tools = tool_request(body)
+    messages = chat_messages(body, chat, tools)
+    prompt_ids = await engine.encode_chat(messages, template_options(body, chat, tools))
+    thinking = thinking_at_start(chat, engine.opens_reasoning(prompt_ids))
+    constraint = await reply_constraint(engine, body, tools, chat, thinking)
+    budget = engine.check_context(len(prompt_ids), requested_max_tokens(body))
+    shape = ReplyShape(chat.tools if tools else None, tools.parameters if tools else {}, chat.reasoning,
+                       thinking is Thinking.OPEN)
+    meta = CompletionMeta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), body.model, len(prompt_ids),
+                          shape, tools is not None and tools.named, chat)
+    return prompt_ids, to_sampling_params(body, budget, constraint), meta
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llmd.api.tool_grammar import Spelling, Thinking, call_grammar, json_grammar
+from llmd.api.tool_grammar import Spelling, Thinking, ToolSpec, call_grammar, json_grammar, xml_refusals
 from llmd.api.tools import ToolRequest
-from llmd.engine.tool_format import ChatFormat
-from llmd.engine.types import ANY_OBJECT, GrammarRequest
-from llmd.errors import InvalidRequest
+from llmd.engine.client import Engine
+from llmd.engine.tool_format import ChatFormat, ToolSyntax
+from llmd.engine.types import ANY_OBJECT, Constraint, GrammarRequest
+from llmd.errors import InvalidRequest, UnsupportedParameter
 from llmd.protocol import ChatCompletionRequest, JsonObjectFormat, JsonSchemaResponseFormat
 
 ANY_OBJECT_SCHEMA: dict[str, Any] = json.loads(ANY_OBJECT)
@@ -54,3 +55,35 @@ def reply_grammar(body: ChatCompletionRequest, tools: ToolRequest | None, chat: 
             raise InvalidRequest(f"`{name}` cannot be combined with `{field}`: the reply ends where its "
                                  "grammar does", param=name)
     return request
+
+
+def thinking_at_start(chat: ChatFormat, opened: bool) -> Thinking:
+    """Where a reply's thinking stands as generation starts (the prompt may have opened it)."""
+    if chat.reasoning is None:
+        return Thinking.NONE
+    return Thinking.OPEN if opened else Thinking.OPTIONAL
+
+
+async def reply_constraint(engine: Engine, body: ChatCompletionRequest, tools: ToolRequest | None,
+                           chat: ChatFormat, thinking: Thinking) -> Constraint | None:
+    """The compiled grammar of the reply, or None for free text. Each tool's parameter schema is
+    checked on its own first, so a refusal names the tool's field."""
+    grammar = reply_grammar(body, tools, chat, thinking)
+    if grammar is None:
+        return None
+    called = {spec.name: spec for spec in tools.plan.tools} if tools is not None else {}
+    for index, tool in enumerate(body.tools or ()):
+        if tool.function.name in called:
+            param = f"tools[{index}].function.parameters"
+            check_xml_parameters(chat, called[tool.function.name], param)
+            await engine.constrain(GrammarRequest(json.dumps(called[tool.function.name].parameters), param))
+    return await engine.constrain(grammar)
+
+
+def check_xml_parameters(chat: ChatFormat, tool: ToolSpec, param: str) -> None:
+    """Refuse string keywords a Qwen3-Coder model's raw-text values could not be held to."""
+    refused = xml_refusals(tool) if chat.tools.syntax is ToolSyntax.QWEN3_CODER else []
+    if refused:
+        path = f"{param}.{refused[0]}"
+        raise UnsupportedParameter(f"`{path}` cannot be enforced in this model's XML tool-call format, "
+                                   "whose string values are raw text", param=path)
