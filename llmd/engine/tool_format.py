@@ -5,8 +5,9 @@ calls between `<tool_call>` tags is Hermes-style (Qwen2.5, Qwen3, Hermes), one w
 `<function=` and `<parameter=` is Qwen3-Coder's XML, one with `[TOOL_CALLS]` is Mistral's (its
 newer `NAME[ARGS]{...}` form where the template has `[ARGS]`), one
 that asks for `"parameters"` JSON with `<|python_tag|>` or `ipython` turns is Llama 3.x's. A
-template with none of them gets the generic format: the tools described in a system message,
-calls written between `<tool_call>` tags (the grammar holds the model to it).
+template with none of them, or that does not read `tools`, gets the generic format: the tools
+described in a system message, calls written between `<tool_call>` tags (the grammar holds the
+model to it).
 
 Thinking markers come from the template too (`<think>`/`</think>`): a template that renders them
 marks a reasoning model. Pure: no tokenizer, no torch.
@@ -102,5 +103,7 @@ def detect_tool_format(template: str) -> ToolFormat:
 def detect_chat_format(template: str) -> ChatFormat:
     """Everything `ChatFormat` says, read from the template's text."""
     reasoning = ReasoningMarkers() if "<think>" in template and "</think>" in template else None
-    renders_tools = TOOLS_VARIABLE.search(template) is not None
-    return ChatFormat(detect_tool_format(template) if renders_tools else GENERIC, reasoning, renders_tools)
+    tools = detect_tool_format(template) if TOOLS_VARIABLE.search(template) else GENERIC
+    # A template that renders tools in a format llmd does not know is given none: the generic
+    # format's system message teaches the model the one the grammar holds it to.
+    return ChatFormat(tools, reasoning, template_renders_tools=tools is not GENERIC)
