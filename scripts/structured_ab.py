@@ -48,40 +48,56 @@ def show(name: str, values: list[float], digits: int = 3) -> str:
     return f"{name}: median {round(statistics.median(values), digits)}  per round {shown}"
 
 
+def pairs(out: Path) -> dict[tuple[int, int], tuple[Run, Run, Run, Run]]:
+    """Each (round, pair): the all-plain run, and the mixed run whole, its schema and plain rows."""
+    found = {}
+    for name in glob.glob(str(out / "pairplain-*-*.json")):
+        r, p = map(int, re.search(r"-(\d+)-(\d+)\.json$", name).groups())  # type: ignore[union-attr]
+        mixed = out / f"pairmixed-{r}-{p}.json"
+        if mixed.exists():
+            base, report = json.loads(Path(name).read_text()), json.loads(mixed.read_text())
+            found[r, p] = (row(base, "http"), row(report, "http"), row(report, "http schema"),
+                           row(report, "http plain"))
+    return found
+
+
+PAIR_FIGURES = {
+    "mixed/all-plain out tok/s": lambda b, w, s, p: w["output_tokens_per_s"] / b["output_tokens_per_s"],
+    "mixed/all-plain stream tok/s (median stream)": lambda b, w, s, p:
+        w["stream_decode_tokens_per_s_median"] / b["stream_decode_tokens_per_s_median"],
+    "plain rows gap p50 / all-plain gap p50": lambda b, w, s, p: p["gap_ms_p50"] / b["gap_ms_p50"],
+    "schema rows gap p50 / all-plain gap p50": lambda b, w, s, p: s["gap_ms_p50"] / b["gap_ms_p50"],
+    "all-plain out tok/s": lambda b, w, s, p: b["output_tokens_per_s"],
+    "mixed out tok/s": lambda b, w, s, p: w["output_tokens_per_s"],
+    "mixed: schema rows out tok/s": lambda b, w, s, p: s["output_tokens_per_s"],
+    "mixed: plain rows out tok/s": lambda b, w, s, p: p["output_tokens_per_s"],
+    "all-plain gap p50 ms": lambda b, w, s, p: b["gap_ms_p50"],
+    "mixed: plain rows gap p50 ms": lambda b, w, s, p: p["gap_ms_p50"],
+    "mixed: schema rows gap p50 ms": lambda b, w, s, p: s["gap_ms_p50"],
+    "all-plain TTFT p50 ms": lambda b, w, s, p: b["ttft_ms_p50"],
+    "mixed: plain rows TTFT p50 ms": lambda b, w, s, p: p["ttft_ms_p50"],
+    "mixed: schema rows TTFT p50 ms": lambda b, w, s, p: s["ttft_ms_p50"],
+    "all-plain gap max ms": lambda b, w, s, p: b["gap_ms_max"],
+    "mixed gap max ms": lambda b, w, s, p: w["gap_ms_max"],
+}
+
+
 def constrained_cost(out: Path) -> None:
-    plain, mixed = load(out, "c8plain-new-{r}.json"), load(out, "c8mixed-new-{r}.json")
-    rounds = sorted(set(plain) & set(mixed))
-    if not rounds:
+    found = pairs(out)
+    if not found:
         return
-    print(f"== C=8, 4 of 8 clients under a JSON schema vs all plain (new tree), rounds {rounds}")
-    figures: dict[str, list[float]] = {}
-    for r in rounds:
-        base, whole = row(plain[r], "http"), row(mixed[r], "http")
-        schema, rest = row(mixed[r], "http schema"), row(mixed[r], "http plain")
-        values = {
-            "all-plain tok/s": base["output_tokens_per_s"],
-            "mixed tok/s": whole["output_tokens_per_s"],
-            "mixed/all-plain tok/s": whole["output_tokens_per_s"] / base["output_tokens_per_s"],
-            "all-plain gap p50 ms": base["gap_ms_p50"],
-            "mixed: plain rows gap p50 ms": rest["gap_ms_p50"],
-            "mixed: schema rows gap p50 ms": schema["gap_ms_p50"],
-            "plain rows gap p50 / all-plain": rest["gap_ms_p50"] / base["gap_ms_p50"],
-            "schema rows gap p50 / all-plain": schema["gap_ms_p50"] / base["gap_ms_p50"],
-            "mixed: plain rows tok/s": rest["output_tokens_per_s"],
-            "mixed: schema rows tok/s": schema["output_tokens_per_s"],
-            "all-plain TTFT p50 ms": base["ttft_ms_p50"],
-            "mixed: plain rows TTFT p50 ms": rest["ttft_ms_p50"],
-            "mixed: schema rows TTFT p50 ms": schema["ttft_ms_p50"],
-            "all-plain gap max ms": base["gap_ms_max"],
-            "mixed gap max ms": whole["gap_ms_max"],
-        }
-        for key, value in values.items():
-            figures.setdefault(key, []).append(value)
-        errors = base["errors"] + whole["errors"]
-        print(f"  round {r}: errors {errors}, json {schema['json']}, "
-              f"completion tokens {base['completion_tokens']} plain / {whole['completion_tokens']} mixed")
-    for key, values in figures.items():
-        print("  " + show(key, values))
+    rounds = sorted({r for r, _ in found})
+    print(f"== C=8, 4 of 8 clients under a JSON schema vs all plain, back to back (new tree): "
+          f"{len(found)} pairs in rounds {rounds}; per round the median of its pairs")
+    for name, figure in PAIR_FIGURES.items():
+        per_pair = {key: figure(*runs) for key, runs in found.items()}
+        per_round = [statistics.median(v for (r, _), v in per_pair.items() if r == rr) for rr in rounds]
+        print(f"  {show(name, per_round)}  | median of all pairs {statistics.median(per_pair.values()):.3f}")
+    errors = sum(b["errors"] + w["errors"] for b, w, _, _ in found.values())
+    json_counts = [s["json"][0] for _, _, s, _ in found.values()]
+    tokens = {(b["completion_tokens"], w["completion_tokens"]) for b, w, _, _ in found.values()}
+    print(f"  errors {errors}; json per mixed run {sorted(map(str, json_counts))[:1]} ...; "
+          f"completion tokens (plain, mixed) {tokens}")
 
 
 def schema_latency(out: Path) -> None:
@@ -114,15 +130,29 @@ def old_vs_new(out: Path) -> None:
         rounds = sorted(set(old) & set(new))
         if not rounds:
             continue
-        print(f"== {name} unconstrained, new tree vs the tree before issue 15, rounds {rounds}")
+        print(f"== {name} unconstrained, new tree vs the tree before issue 15 (fresh daemons), "
+              f"rounds {rounds}")
         for side, reports in (("old", old), ("new", new)):
             runs = [row(reports[r], "http") for r in rounds]
-            print(f"  {side}: " + show("tok/s", [run["output_tokens_per_s"] for run in runs], 1)
+            streams = [run["stream_decode_tokens_per_s_median"] for run in runs]
+            print(f"  {side}: " + show("out tok/s", [run["output_tokens_per_s"] for run in runs], 1)
+                  + "  |  " + show("stream tok/s", streams, 1)
                   + "  |  " + show("gap p50", [run["gap_ms_p50"] for run in runs], 2)
                   + f"  |  errors {sum(run['errors'] for run in runs)}")
-        ratios = [row(new[r], "http")["output_tokens_per_s"] / row(old[r], "http")["output_tokens_per_s"]
-                  for r in rounds]
-        print("  " + show("new/old tok/s", ratios))
+        for key in ("output_tokens_per_s", "stream_decode_tokens_per_s_median", "gap_ms_p50"):
+            ratios = [row(new[r], "http")[key] / row(old[r], "http")[key] for r in rounds]
+            print("  " + show(f"new/old {key}", ratios))
+
+
+def after_schemas(out: Path) -> None:
+    fresh, after = load(out, "c8plain-new-{r}.json"), load(out, "c8after-new-{r}.json")
+    rounds = sorted(set(fresh) & set(after))
+    if not rounds:
+        return
+    print(f"== C=8 plain on the new daemon after serving schemas vs before, rounds {rounds}")
+    for key in ("output_tokens_per_s", "stream_decode_tokens_per_s_median", "gap_ms_p50"):
+        ratios = [row(after[r], "http")[key] / row(fresh[r], "http")[key] for r in rounds]
+        print("  " + show(f"after/before {key}", ratios))
 
 
 def main() -> None:
@@ -130,6 +160,7 @@ def main() -> None:
     constrained_cost(out)
     schema_latency(out)
     old_vs_new(out)
+    after_schemas(out)
 
 
 if __name__ == "__main__":

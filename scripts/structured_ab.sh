@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Issue 15's acceptance figures: what structured output costs, and that plain decode is unchanged.
-# Per round, alternating which side starts, one fresh daemon per side on the same model:
-#   new (this tree):  --workload schemas (first-use and cached cost of the 12 schemas; on a fresh
-#                     daemon, so `setup` includes its one-time grammar view), then C=8 plain and
-#                     C=8 with 4 of 8 clients under a JSON schema (their order alternating too), C=1;
-#   old (OLD_TREE, the tree before issue 15): C=8 and C=1.
-# C=8 runs are 8 clients x 3 requests x 64 tokens, 3 repeats each (structured_ab.py takes each
-# figure's median over them); C=1 is 8 requests x 128 tokens.
-# Every bench run uses this tree's client. Summarize with scripts/structured_ab.py OUTDIR.
-# Usage: scripts/structured_ab.sh OLD_TREE [PROFILE] [ROUNDS] [OUTDIR]   (no daemon is left running)
+# Per round, alternating which side starts, one fresh daemon per side on the same model, every
+# bench run with this tree's client:
+#   old (OLD_TREE, the tree before issue 15): C=8, then C=1;
+#   new (this tree): C=8 and C=1 before any schema was sent; --workload schemas (first-use and
+#     cached cost of the 12 schemas; `setup` includes the fresh daemon's one-time grammar view);
+#     PAIRS pairs of C=8 all plain and C=8 with 4 of 8 clients under a JSON schema, back to back on
+#     the same daemon, their order alternating (so slow drift of this machine's speed cancels in
+#     each pair's ratio); C=8 plain once more (after the schemas, against the first).
+# C=8 runs are 8 clients x 3 requests x 64 tokens; C=1 is 8 requests x 128 tokens.
+# Summarize with scripts/structured_ab.py OUTDIR.
+# Usage: scripts/structured_ab.sh OLD_TREE [PROFILE] [ROUNDS] [OUTDIR] [PAIRS]   (no daemon is left)
 set -u
 OLD=${1:?the tree before issue 15, e.g. a worktree of c12841a^1}
-PROFILE=${2:-cpu-bf16}; ROUNDS=${3:-3}; OUT=${4:-/tmp/structured_ab}; mkdir -p "$OUT"
+PROFILE=${2:-cpu-bf16}; ROUNDS=${3:-3}; OUT=${4:-/tmp/structured_ab}; PAIRS=${5:-3}; mkdir -p "$OUT"
 NEW=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-/work/main/.venv/bin/python}
 MODEL=${MODEL:-$HOME/.cache/llmd/ab-small}
@@ -34,22 +36,26 @@ serve() {  # SIDE ROUND: start the side's daemon (its own code imported from its
 
 stop() { kill -TERM "$DAEMON"; wait "$DAEMON"; }
 
+C8=(-c 8 -n 3 --max-tokens 64)
+C1=(-c 1 -n 8 --max-tokens 128)
+
 run_side() {  # SIDE ROUND
   local side=$1 r=$2
   PORT=$((18500 + 2 * r)); [ "$side" = old ] && PORT=$((PORT + 1))
   serve "$side" "$r" || { stop; return; }
+  bench "c8plain-$side-$r" "${C8[@]}"
+  bench "c1-$side-$r" "${C1[@]}"
   if [ "$side" = new ]; then
     bench "schemas-$r" --workload schemas
-    local first=plain second=mixed
-    [ $((r % 2)) -eq 0 ] && first=mixed second=plain
-    for kind in $first $second; do
-      local extra=(); [ "$kind" = mixed ] && extra=(--constrained 4)
-      bench "c8$kind-new-$r" -c 8 -n 3 --max-tokens 64 --repeats 3 "${extra[@]}"
+    for p in $(seq 1 "$PAIRS"); do
+      local order="plain mixed"; [ $(((r + p) % 2)) -eq 1 ] && order="mixed plain"
+      for kind in $order; do
+        local extra=(); [ "$kind" = mixed ] && extra=(--constrained 4)
+        bench "pair$kind-$r-$p" "${C8[@]}" "${extra[@]}"
+      done
     done
-  else
-    bench "c8plain-old-$r" -c 8 -n 3 --max-tokens 64 --repeats 3
+    bench "c8after-new-$r" "${C8[@]}"
   fi
-  bench "c1-$side-$r" -c 1 -n 8 --max-tokens 128
   stop
 }
 
