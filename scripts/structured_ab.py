@@ -48,12 +48,15 @@ def show(name: str, values: list[float], digits: int = 3) -> str:
     return f"{name}: median {round(statistics.median(values), digits)}  per round {shown}"
 
 
-def pairs(out: Path) -> dict[tuple[int, int], tuple[Run, Run, Run, Run]]:
-    """Each (round, pair): the all-plain run, and the mixed run whole, its schema and plain rows."""
+def pairs(out: Path, prefix: str = "pair") -> dict[tuple[int, int], tuple[Run, Run, Run, Run]]:
+    """Each (round, pair): the all-plain run, and the mixed run whole, its schema and plain rows.
+    structured_ab_long.sh's pairs (`long`, one round) are round 1."""
     found = {}
-    for name in glob.glob(str(out / "pairplain-*-*.json")):
-        r, p = map(int, re.search(r"-(\d+)-(\d+)\.json$", name).groups())  # type: ignore[union-attr]
-        mixed = out / f"pairmixed-{r}-{p}.json"
+    for name in glob.glob(str(out / f"{prefix}plain-*.json")):
+        numbers = list(map(int, re.findall(r"-(\d+)", Path(name).name)))
+        r, p = numbers if len(numbers) == 2 else (1, numbers[0])
+        suffix = Path(name).name.removeprefix(f"{prefix}plain")
+        mixed = out / f"{prefix}mixed{suffix}"
         if mixed.exists():
             base, report = json.loads(Path(name).read_text()), json.loads(mixed.read_text())
             found[r, p] = (row(base, "http"), row(report, "http"), row(report, "http schema"),
@@ -82,12 +85,13 @@ PAIR_FIGURES = {
 }
 
 
-def constrained_cost(out: Path) -> None:
-    found = pairs(out)
+def constrained_cost(out: Path, prefix: str = "pair") -> None:
+    found = pairs(out, prefix)
     if not found:
         return
     rounds = sorted({r for r, _ in found})
-    print(f"== C=8, 4 of 8 clients under a JSON schema vs all plain, back to back (new tree): "
+    what = "one 256-token request per client" if prefix == "long" else "3 x 64-token requests per client"
+    print(f"== C=8, 4 of 8 clients under a JSON schema vs all plain, back to back (new tree, {what}): "
           f"{len(found)} pairs in rounds {rounds}; per round the median of its pairs")
     for name, figure in PAIR_FIGURES.items():
         per_pair = {key: figure(*runs) for key, runs in found.items()}
@@ -158,6 +162,7 @@ def after_schemas(out: Path) -> None:
 def main() -> None:
     out = Path(sys.argv[1])
     constrained_cost(out)
+    constrained_cost(out, "long")
     schema_latency(out)
     old_vs_new(out)
     after_schemas(out)
