@@ -6,7 +6,9 @@ TTFT, inter-chunk gaps, chunks per completion token and output tokens/s.
 `--in-process MODEL_DIR` measures the raw decode of a model in this process instead.
 `--workload autocomplete` plays an editor user instead: an edit every 150 ms near the
 cursor of a ~1,500-token file, each sending a streamed FIM completion and closing the
-previous one (llmd/bench/autocomplete.py).
+previous one (llmd/bench/autocomplete.py). `--constrained K` sends K of the C clients'
+requests under a JSON schema (llmd/bench/schemas.py); `--workload schemas` measures what a
+schema adds to the first token, on first use and cached (llmd/bench/schema_latency.py).
 This module holds the flags and the run; the rest of the bench lives beside it.
 """
 
@@ -22,13 +24,15 @@ from llmd.bench.autocomplete import FIM_FORMS, bench_autocomplete
 from llmd.bench.edit_results import AutocompleteReport
 from llmd.bench.http import BenchError, bench_http
 from llmd.bench.inprocess import bench_in_process
-from llmd.bench.report import format_autocomplete_table, format_json, format_table
+from llmd.bench.report import format_autocomplete_table, format_json, format_schema_table, format_table
 from llmd.bench.results import BenchReport
+from llmd.bench.schema_latency import SchemaReport, bench_schemas
 
-Report = TypeVar("Report", BenchReport, AutocompleteReport)
+Report = TypeVar("Report", BenchReport, AutocompleteReport, SchemaReport)
 
 # Chat streams measure decode, so they run long; an autocomplete suggestion is a few lines.
-DEFAULT_MAX_TOKENS = {"chat": 128, "autocomplete": 64}
+# The schemas workload times first tokens only.
+DEFAULT_MAX_TOKENS = {"chat": 128, "autocomplete": 64, "schemas": 1}
 
 
 def _positive_int(text: str) -> int:
@@ -78,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--in-process", metavar="MODEL_DIR",
         help="measure the raw decode of MODEL_DIR in this process instead")
     add("--profile", default="cpu", help="llmd profile for --in-process (default: cpu)")
+    add("--constrained", metavar="K", type=_non_negative_int, default=0,
+        help="K of the C clients send every request with response_format json_schema, taking "
+        "the bench's 12 schemas in turn; reported apart as 'schema' and 'plain' rows (default: 0)")
     _add_autocomplete_arguments(parser)
 
 
@@ -85,7 +92,8 @@ def _add_autocomplete_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--workload", choices=tuple(DEFAULT_MAX_TOKENS), default="chat",
         help="chat: C clients x R chat streams; autocomplete: an editor user's FIM "
-        "requests, one per edit (default: chat)")
+        "requests, one per edit; schemas: each schema's first-use and cached cost to TTFT "
+        "(default: chat)")
     add("--edits", type=_positive_int, default=100,
         help="autocomplete: edits (one request each) per repeat (default: 100)")
     add("--edit-interval-ms", type=_positive_float, default=150.0,
@@ -128,12 +136,45 @@ def run(args: argparse.Namespace) -> int:
         args.max_tokens = DEFAULT_MAX_TOKENS[args.workload]
     if args.workload == "autocomplete":
         return _run_autocomplete(args)
+    refusal = _refusal(args)
+    if refusal is not None:
+        print(f"llmd bench: {refusal}", file=sys.stderr)
+        return 2
+    if args.workload == "schemas":
+        return _run_schemas(args)
     try:
         report = bench_in_process(args) if args.in_process else _run_async(bench_http(args))
     except BenchError as exc:
         print(f"llmd bench: {exc}", file=sys.stderr)
         return 1
     print(format_json(report) if args.json else format_table(report))
+    return 1 if any(run.errors or (run.json and run.json.unparseable) for run in report.runs) else 0
+
+
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why `args` cannot run the chat or schemas workload, if they cannot."""
+    if args.workload == "schemas":
+        if args.in_process or args.concurrency > 1 or args.constrained:
+            return ("--workload schemas times one request at a time over HTTP; "
+                    "drop --in-process, -c and --constrained")
+        return None
+    if args.constrained > args.concurrency:
+        return f"--constrained {args.constrained} exceeds the {args.concurrency} client(s) of -c"
+    if args.constrained and args.in_process:
+        return "--in-process measures decode only; drop --constrained"
+    if args.constrained and args.ignore_eos:
+        return ("--ignore-eos cannot be combined with --constrained: a schema's reply ends "
+                "where its grammar does")
+    return None
+
+
+def _run_schemas(args: argparse.Namespace) -> int:
+    try:
+        report = _run_async(bench_schemas(args))
+    except BenchError as exc:
+        print(f"llmd bench: {exc}", file=sys.stderr)
+        return 1
+    print(format_json(report) if args.json else format_schema_table(report))
     return 1 if any(run.errors for run in report.runs) else 0
 
 
@@ -141,8 +182,8 @@ def _autocomplete_refusal(args: argparse.Namespace) -> str | None:
     """Why `args` cannot run the autocomplete workload (one editor over HTTP), if they cannot."""
     if args.in_process:
         return "--in-process measures decode only; drop it for --workload autocomplete"
-    if args.concurrency > 1:
-        return "--workload autocomplete plays one editor user; drop -c"
+    if args.concurrency > 1 or args.constrained:
+        return "--workload autocomplete plays one editor user; drop -c and --constrained"
     return None
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from llmd.bench.client import Reply, StreamClient
 from llmd.bench.prompts import PromptFactory, calibrate_words
-from llmd.bench.results import BenchReport, RunReport, StreamResult, bench_report, summarize
+from llmd.bench.results import BenchReport, RunReport, StreamResult, bench_report, summarize_mix
+from llmd.bench.schemas import Format, SchemaMix
 from llmd.bench.sse import SSEEvent, SSEParser
 
 
@@ -36,7 +37,9 @@ class HttpSession:
     ignore_eos: bool
     timeout: float
 
-    def body(self, prompt: str, *, stream: bool, max_tokens: int) -> dict[str, Any]:
+    def body(
+        self, prompt: str, *, stream: bool, max_tokens: int, response_format: Format | None = None
+    ) -> dict[str, Any]:
         """The JSON request body; `ignore_eos` only on request, as strict servers reject it."""
         body: dict[str, Any] = {
             "model": self.model,
@@ -49,6 +52,8 @@ class HttpSession:
             body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if response_format is not None:
+            body["response_format"] = response_format
         return body
 
     async def prompt_tokens(self, prompt: str) -> int:
@@ -64,10 +69,14 @@ class HttpSession:
             raise BenchError("the server reports no usage.prompt_tokens")
         return int(usage["prompt_tokens"])
 
-    async def stream_chat(self, prompt: str) -> StreamResult:
-        """Stream one completion; every failure is recorded in the result, never raised."""
-        result = StreamResult(sent=time.perf_counter())
-        body = self.body(prompt, stream=True, max_tokens=self.max_tokens)
+    async def stream_chat(
+        self, prompt: str, response_format: Format | None = None, max_tokens: int | None = None
+    ) -> StreamResult:
+        """Stream one completion (under `response_format`, its text kept); every failure is
+        recorded in the result, never raised."""
+        result = StreamResult(sent=time.perf_counter(), text=None if response_format is None else [])
+        tokens = self.max_tokens if max_tokens is None else max_tokens
+        body = self.body(prompt, stream=True, max_tokens=tokens, response_format=response_format)
         await stream_into(result, self.client, "/chat/completions", body, self.timeout)
         return result
 
@@ -148,8 +157,11 @@ def _record_chunk(result: StreamResult, chunk: dict[str, Any], arrived: float) -
             result.completion_tokens = usage["completion_tokens"]
         if isinstance(usage.get("prompt_tokens"), int):
             result.prompt_tokens = usage["prompt_tokens"]
-    if _delta_text(chunk):
+    text = _delta_text(chunk)
+    if text:
         result.chunk_times.append(arrived)
+        if result.text is not None:
+            result.text.append(text)
     choices = chunk.get("choices") or []
     if choices and isinstance(choices[0], dict) and choices[0].get("finish_reason"):
         result.finish_reason, result.finished = str(choices[0]["finish_reason"]), arrived
@@ -187,14 +199,18 @@ async def fetch_model(client: StreamClient, base_url: str, timeout: float) -> st
 
 
 async def measure_once(
-    session: HttpSession, prompts: PromptFactory, concurrency: int, requests: int
+    session: HttpSession, prompts: PromptFactory, concurrency: int, requests: int,
+    formats: SchemaMix | None = None,
 ) -> list[StreamResult]:
-    """C clients, started together, each streaming R requests back to back."""
+    """C clients, started together, each streaming R requests back to back; the first K of
+    them (`formats`) send every request under the next schema of the set."""
+    mix = formats or SchemaMix(0)
 
-    async def client_loop() -> list[StreamResult]:
-        return [await session.stream_chat(prompts.next()) for _ in range(requests)]
+    async def client_loop(client: int) -> list[StreamResult]:
+        return [await session.stream_chat(prompts.next(), mix.format_for(client))
+                for _ in range(requests)]
 
-    per_client = await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    per_client = await asyncio.gather(*(client_loop(client) for client in range(concurrency)))
     return [result for client in per_client for result in client]
 
 
@@ -228,6 +244,19 @@ async def warm_up(
         notes.append(f"warmup: {len(failures)} of {count} requests failed ({failures[0].error})")
 
 
+async def warm_schemas(
+    session: HttpSession, prompts: PromptFactory, mix: SchemaMix, notes: list[str]
+) -> None:
+    """Each schema once (one token), so the measured runs find every grammar compiled."""
+    if not mix.clients:
+        return
+    results = [await session.stream_chat(prompts.next(), schema.response_format(), max_tokens=1)
+               for schema in mix.schemas]
+    failures = [result for result in results if result.error is not None]
+    if failures:
+        notes.append(f"schema warmup: {len(failures)} of {len(results)} failed ({failures[0].error})")
+
+
 async def bench_http(args: argparse.Namespace) -> BenchReport:
     """Run the whole HTTP benchmark described by parsed `args`."""
     base_url = args.base_url.rstrip("/")
@@ -244,7 +273,9 @@ async def bench_http(args: argparse.Namespace) -> BenchReport:
         notes: list[str] = []
         prompt_tokens = await calibrate_prompts(session, prompts, args.prompt_tokens, notes)
         await warm_up(session, prompts, args.warmup, notes)
-        runs, cpu_seconds = await measure_repeats(session, prompts, args)
+        mix = SchemaMix(args.constrained)
+        await warm_schemas(session, prompts, mix, notes)
+        runs, cpu_seconds = await measure_repeats(session, prompts, args, mix)
         notes.append(client_cpu_note(cpu_seconds, runs))
     return bench_report(args, base_url, model, prompt_tokens, prompts.words, notes, runs)
 
@@ -262,20 +293,21 @@ def open_session(client: StreamClient, model: str, args: argparse.Namespace) -> 
 
 
 async def measure_repeats(
-    session: HttpSession, prompts: PromptFactory, args: argparse.Namespace
+    session: HttpSession, prompts: PromptFactory, args: argparse.Namespace, mix: SchemaMix
 ) -> tuple[list[RunReport], float]:
-    """One run per repeat, and the CPU seconds this process spent measuring them."""
+    """The reports of each repeat (`summarize_mix`), and the CPU seconds this process spent
+    measuring them."""
     runs = []
     started = time.process_time()
     for repeat in range(1, args.repeats + 1):
-        results = await measure_once(session, prompts, args.concurrency, args.requests)
-        runs.append(summarize("http", repeat, results))
+        results = await measure_once(session, prompts, args.concurrency, args.requests, mix)
+        runs += summarize_mix("http", repeat, results)
     return runs, time.process_time() - started
 
 
 def client_cpu_note(cpu_seconds: float, runs: Sequence[RunReport]) -> str:
     """The bench's own CPU per completion token: on a machine with few cores it is taken
     from the server being measured, so it says how much the measurement perturbs."""
-    tokens = sum(run.completion_tokens for run in runs)
+    tokens = sum(run.completion_tokens for run in runs if run.share == "all")
     per_token = f"{cpu_seconds * 1000 / tokens:.3f} ms" if tokens else "-"
     return f"client CPU while measuring: {cpu_seconds:.2f} s, {per_token} per completion token"

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmd.bench.edit_results import AutocompleteReport, AutocompleteRun
 from llmd.bench.results import BenchReport, RunReport
+from llmd.bench.schema_latency import SchemaReport, SchemaRun
 
 COLUMNS = (
     ("run", 0, "{}"),  # sized to the longest label
@@ -100,6 +101,7 @@ def format_table(report: BenchReport) -> str:
         f"warmup {report.warmup}, prompt {prompt} tokens (asked {report.prompt_tokens_requested}, "
         f"{kind}), max_tokens {report.max_tokens}, temperature {report.temperature:g}",
         "times in ms; out tok/s = all completion tokens / wall; stream tok/s = median per stream",
+        *_constrained_lines(report),
         "",
         _format_row([name for name, _, _ in COLUMNS], label_width, header=True),
         *(_format_row(row, label_width) for row in rows),
@@ -108,11 +110,27 @@ def format_table(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def _constrained_lines(report: BenchReport) -> list[str]:
+    if not report.constrained_clients:
+        return []
+    return [f"{report.constrained_clients} of {report.concurrency} client(s) send response_format "
+            f"json_schema ({len(report.schemas)} schemas in turn); 'schema' and 'plain' rows split "
+            "each run, their tok/s over the run's wall"]
+
+
+def _json_line(run: RunReport) -> str:
+    counts = run.json
+    assert counts is not None
+    return (f"json ({run.label} #{run.repeat}): {counts.parsed} parsed, {counts.unparseable} "
+            f"unparseable, {counts.cut} cut by max_tokens")
+
+
 def _summary_lines(report: BenchReport) -> list[str]:
     lines = [""]
     for label, rate in report.median_output_tokens_per_s.items():
         shown = "-" if rate is None else f"{rate:.1f}"
         lines.append(f"median out tok/s over {report.repeats} repeat(s), {label}: {shown}")
+    lines += [_json_line(run) for run in report.runs if run.json and run.constrained == run.requests]
     for run in report.runs:
         lines += [f"error ({run.label} #{run.repeat}): {message}" for message in run.error_messages]
     lines += [f"note: {note}" for note in report.notes]
@@ -151,6 +169,61 @@ def _medians_line(report: AutocompleteReport) -> str:
     return f"medians over {report.repeats} repeat(s): {shown}"
 
 
-def format_json(report: BenchReport | AutocompleteReport) -> str:
+SCHEMA_COLUMNS = (
+    ("run", 0, "{}"),
+    ("err", 5, "{}"),
+    ("plain TTFT", 12, "{:.1f}"),
+    ("first p50", 11, "{:.2f}"),
+    ("first max", 11, "{:.2f}"),
+    ("cached p50", 12, "{:.2f}"),
+    ("cached max", 12, "{:.2f}"),
+)
+
+
+def _schema_row_values(run: SchemaRun) -> list[Any]:
+    return [f"{run.label} #{run.repeat}", run.errors, run.plain_ttft_ms_p50, run.first_cost_ms_p50,
+            run.first_cost_ms_max, run.cached_cost_ms_p50, run.cached_cost_ms_max]
+
+
+def format_schema_table(report: SchemaReport) -> str:
+    """The schemas workload's fixed-width report."""
+    rows = [_schema_row_values(run) for run in report.runs]
+    label_width = max([len("run"), *(len(row[0]) for row in rows)]) + 1
+    prompt = "?" if report.prompt_tokens is None else str(report.prompt_tokens)
+    lines = [
+        f"llmd bench schemas  {report.target}  model {report.model}",
+        f"{len(report.schemas)} schemas x 3 one-token streams (plain, first use, cached), prompt "
+        f"{prompt} tokens (asked {report.prompt_tokens_requested}), warmup {report.warmup}",
+        "times in ms; first/cached = that request's TTFT minus the plain one's (p50 and max over "
+        "the schemas)",
+        "",
+        _format_row([name for name, _, _ in SCHEMA_COLUMNS], label_width, True, SCHEMA_COLUMNS),
+        *(_format_row(row, label_width, columns=SCHEMA_COLUMNS) for row in rows),
+        "",
+        _schema_medians_line(report),
+        *_schema_detail_lines(report),
+    ]
+    return "\n".join(lines)
+
+
+def _schema_medians_line(report: SchemaReport) -> str:
+    shown = ", ".join(f"{name} {'-' if value is None else f'{value:g}'}"
+                      for name, value in report.medians.items())
+    return f"medians over {report.repeats} repeat(s): {shown}"
+
+
+def _schema_detail_lines(report: SchemaReport) -> list[str]:
+    setup = report.setup
+    lines = []
+    if setup is not None:
+        cost = setup.error or f"{setup.first_cost_ms:g} ms over plain"
+        lines.append(f"setup (the first schema request this bench sent, {setup.name}): {cost}")
+    for run in report.runs:
+        lines += [f"error ({run.label} #{run.repeat}): {message}" for message in run.error_messages]
+    lines += [f"note: {note}" for note in report.notes]
+    return lines
+
+
+def format_json(report: BenchReport | AutocompleteReport | SchemaReport) -> str:
     """The report as one JSON object."""
     return json.dumps(asdict(report), indent=2)

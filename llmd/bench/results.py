@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from llmd.bench.schemas import SCHEMAS, parses_as_object
 from llmd.bench.stats import (
     chunks_per_token,
     decode_tokens_per_s,
@@ -36,6 +37,12 @@ class StreamResult:
     done: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    text: list[str] | None = None  # the content's pieces, kept only for constrained requests
+
+    @property
+    def constrained(self) -> bool:
+        """Sent under a JSON schema (its text is kept to be parsed)."""
+        return self.text is not None
 
     @property
     def missing_done(self) -> bool:
@@ -78,6 +85,20 @@ class RunReport:
     output_tokens_per_s: float | None
     stream_decode_tokens_per_s_median: float | None
     wall_s: float
+    share: str = "all"  # the run's requests it covers: "all", or only its "schema" or "plain" ones
+    constrained: int = 0  # requests sent under a JSON schema
+    json: JsonCounts | None = None  # their replies, where there were any
+
+
+@dataclass(frozen=True, slots=True)
+class JsonCounts:
+    """How the completed constrained replies of a run parsed: a JSON object, not one although the
+    server said it was done (`finish_reason` other than "length": a broken constraint), or cut by
+    max_tokens (incomplete by design, not counted against the server)."""
+
+    parsed: int
+    unparseable: int
+    cut: int
 
 
 @dataclass(slots=True)
@@ -100,10 +121,18 @@ class BenchReport:
     notes: list[str]
     runs: list[RunReport]
     median_output_tokens_per_s: dict[str, float | None]
+    constrained_clients: int = 0
+    schemas: list[str] = field(default_factory=list)
 
 
-def summarize(label: str, repeat: int, results: Sequence[StreamResult]) -> RunReport:
-    """Reduce one run's stream results to its report; failed streams only count as errors."""
+def summarize(
+    label: str, repeat: int, results: Sequence[StreamResult], share: tuple[str, float] | None = None
+) -> RunReport:
+    """Reduce one run's stream results to its report; failed streams only count as errors.
+
+    Where `results` are part of a run, `share` names the part and gives the run's wall, which
+    the rates divide by.
+    """
     ok = [result for result in results if result.error is None]
     failed = sorted((r for r in results if r.error is not None), key=lambda r: r.sent)
     with_usage = [result for result in ok if result.completion_tokens is not None]
@@ -114,6 +143,7 @@ def summarize(label: str, repeat: int, results: Sequence[StreamResult]) -> RunRe
     ]
     prompt_tokens = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     completion_tokens = sum(result.tokens for result in ok)
+    part, seconds = share or ("all", _wall(results))
     return RunReport(
         label=label,
         repeat=repeat,
@@ -131,12 +161,38 @@ def summarize(label: str, repeat: int, results: Sequence[StreamResult]) -> RunRe
         gap_ms_p99=ms(percentile(pooled_gaps, 99)),
         gap_ms_max=ms(max(pooled_gaps, default=None)),
         chunks_per_token=rounded(_usage_chunks_per_token(with_usage), 4),
-        output_tokens_per_s=rounded(tokens_per_s(completion_tokens, _wall(results))),
+        output_tokens_per_s=rounded(tokens_per_s(completion_tokens, seconds)),
         stream_decode_tokens_per_s_median=rounded(
             statistics.median(decode_rates) if decode_rates else None
         ),
-        wall_s=round(_wall(results), 6),
+        wall_s=round(seconds, 6),
+        share=part,
+        constrained=sum(1 for result in results if result.constrained),
+        json=json_counts(ok),
     )
+
+
+def summarize_mix(label: str, repeat: int, results: Sequence[StreamResult]) -> list[RunReport]:
+    """The run's report; where it mixed constrained and plain requests, also one for each kind
+    (`LABEL schema`, `LABEL plain`), their rates over the whole run's wall, so they add up."""
+    whole = summarize(label, repeat, results)
+    schema = [result for result in results if result.constrained]
+    if not schema or len(schema) == len(results):
+        return [whole]
+    plain = [result for result in results if not result.constrained]
+    wall = _wall(results)
+    return [whole, summarize(f"{label} schema", repeat, schema, ("schema", wall)),
+            summarize(f"{label} plain", repeat, plain, ("plain", wall))]
+
+
+def json_counts(results: Sequence[StreamResult]) -> JsonCounts | None:
+    """How the constrained ones among completed `results` parsed; None when there are none."""
+    replies = [result for result in results if result.text is not None]
+    if not replies:
+        return None
+    ended = [result for result in replies if result.finish_reason != "length"]
+    parsed = sum(1 for result in ended if parses_as_object("".join(result.text or ())))
+    return JsonCounts(parsed=parsed, unparseable=len(ended) - parsed, cut=len(replies) - len(ended))
 
 
 def _usage_chunks_per_token(with_usage: Sequence[StreamResult]) -> float | None:
@@ -224,4 +280,6 @@ def bench_report(
         notes=notes + run_notes(runs, args.max_tokens),
         runs=runs,
         median_output_tokens_per_s=median_output_rates(runs),
+        constrained_clients=args.constrained,
+        schemas=[schema.name for schema in SCHEMAS] if args.constrained else [],
     )

@@ -32,6 +32,7 @@ class FakeOpenAI:
     fake-nousage: the same, never reporting usage.
     fake-flaky: streamed request k is ok (k%4==0), HTTP 503, a data error, an error event.
     fake-stall: sends one chunk, then waits for the client to leave.
+    Under a `response_format`, fake-ok streams `{"ok": true}` (fake-badjson `{"ok": `) instead.
     On /v1/completions (streamed): the first request for a file (no prefix shared with the
     previous prompt) streams to its end; fake-stall's later ones send one chunk, then wait
     for the client to leave. /stats counts streams in flight (plus `stuck_running`) and a
@@ -100,6 +101,9 @@ class FakeOpenAI:
         tokens, model = body["max_tokens"], body["model"]
         role = _chunk({"role": "assistant", "content": ""})
         texts = [_chunk({"content": "ab"[: min(2, tokens - t)]}) for t in range(0, tokens, 2)]
+        if "response_format" in body:
+            reply = '{"ok": ' if model == "fake-badjson" else '{"ok": true}'
+            texts = [_chunk({"content": reply[start:start + 4]}) for start in range(0, len(reply), 4)]
         if model == "fake-stall":
             return [role, texts[0]]
         if model == "fake-flaky" and index % 4 == 2:
@@ -383,6 +387,56 @@ def test_unreachable_server(capsys: Capture) -> None:
     assert code == 1
     (run,) = report["runs"]
     assert run["errors"] == 2 and "ConnectionRefusedError" in run["error_messages"][0]
+
+
+# ---------------------------------------------------------------------- structured output
+
+
+def _schema_names(bodies: list[dict[str, Any]]) -> list[str]:
+    return [body["response_format"]["json_schema"]["name"] for body in bodies if "response_format" in body]
+
+
+def test_constrained_clients_send_schemas_and_their_json_is_judged(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-ok", "-c", "4",
+                               "-n", "2", "--max-tokens", "8", "--constrained", "2")
+    assert code == 0
+    streamed = _streamed(fake.app)
+    warm, measured = streamed[1:13], streamed[13:]  # after the plain warmup: each schema once
+    assert _schema_names(warm) == report["schemas"] and {b["max_tokens"] for b in warm} == {1}
+    assert len(measured) == 8 and sorted(_schema_names(measured)) == sorted(report["schemas"][:4])
+    assert all(body["response_format"]["json_schema"]["strict"] is True
+               for body in measured if "response_format" in body)
+    whole, schema, plain = report["runs"]
+    assert [run["label"] for run in report["runs"]] == ["http", "http schema", "http plain"]
+    assert (whole["ok"], schema["ok"], plain["ok"]) == (8, 4, 4)
+    assert schema["json"] == {"parsed": 4, "unparseable": 0, "cut": 0} and plain["json"] is None
+    assert set(report["median_output_tokens_per_s"]) == {"http", "http schema", "http plain"}
+
+
+def test_unparseable_json_fails_the_run(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-badjson", "-c", "2",
+                               "-n", "2", "--max-tokens", "8", "--constrained", "1")
+    assert code == 1
+    assert report["runs"][1]["json"] == {"parsed": 0, "unparseable": 2, "cut": 0}
+    assert report["runs"][0]["errors"] == 0  # the streams were whole; their JSON was not
+
+
+def test_schemas_workload_times_first_use_and_cached(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-ok",
+                               "--workload", "schemas", "--repeats", "2")
+    assert code == 0
+    assert report["setup"]["error"] is None and report["setup"]["first_ms"] > 0
+    assert [len(run["timings"]) for run in report["runs"]] == [12, 12]
+    assert all(run["errors"] == 0 and run["first_cost_ms_p50"] is not None for run in report["runs"])
+    streamed = _streamed(fake.app)
+    assert len(streamed) == 1 + 3 + 2 * 36 and {body["max_tokens"] for body in streamed} == {1}
+    titles = [body["response_format"]["json_schema"]["schema"]["title"]
+              for body in streamed if "response_format" in body]
+    assert titles[2:4] == [titles[2]] * 2 and titles[2].startswith("CalendarEvent ")  # first use, cached
+    assert len(set(titles)) == 1 + 2 * 12  # setup, then new to the server in every repeat
+    prompts = [body["messages"][0]["content"] for body in streamed]
+    assert len(set(prompts)) == len(prompts)  # no prefix reused between them
+    assert set(report["medians"]) >= {"first_cost_ms_p50", "cached_cost_ms_max"}
 
 
 # ---------------------------------------------------------------------- autocomplete

@@ -166,8 +166,8 @@ def test_autocomplete_flags_and_defaults() -> None:
     args = parser.parse_args([])
     assert (args.workload, args.edits, args.edit_interval_ms, args.file_tokens, args.fim) == (
         "chat", 100, 150.0, 1500, "client")
-    assert args.max_tokens is None  # resolved per workload: 128 chat, 64 autocomplete
-    assert command.DEFAULT_MAX_TOKENS == {"chat": 128, "autocomplete": 64}
+    assert args.max_tokens is None  # resolved per workload: 128 chat, 64 autocomplete, 1 schemas
+    assert command.DEFAULT_MAX_TOKENS == {"chat": 128, "autocomplete": 64, "schemas": 1}
     with pytest.raises(SystemExit):
         parser.parse_args(["--fim", "both"])
 
