@@ -14,12 +14,11 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from llmd.engine.grammar import BoundGrammar, CompiledGrammar, GrammarCompiler, GrammarRequest
+from llmd.engine.grammar import GrammarRequest, SharedGrammars
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.retry_after import CompletionLengths, OpenRequest, retry_after
@@ -172,8 +171,7 @@ class EngineClient:
         self._streams: dict[str, GenerationStream] = {}
         self._ids = itertools.count()
         self._tokenizer: ChatTokenizer | None = None
-        self._grammars: GrammarCompiler | None = None  # built on the first constrained request
-        self._grammar_lock = threading.Lock()
+        self._grammars = SharedGrammars(self._grammar_view)  # the view built on the first constrained request
         self._large_prompt_slots = asyncio.Semaphore(LARGE_PROMPT_SLOTS)
         self._lengths = CompletionLengths()  # of requests that ended by themselves, for Retry-After
         self.ready = asyncio.Event()
@@ -288,24 +286,22 @@ class EngineClient:
         return self._tokenizer.opens_reasoning(prompt_ids)
 
     async def constrain(self, request: GrammarRequest) -> Constraint:
-        """The request's grammar (see `Engine.constrain`), validated in a thread within
-        `GRAMMAR_SECONDS`; the vocabulary's grammar view is built on the first one."""
+        """The request's grammar (see `Engine.constrain`): a cached one at once, else validated in
+        a thread within `GRAMMAR_SECONDS` (the vocabulary's grammar view built on the first)."""
+        cached = self._grammars.cached(request)
+        if cached is not None:
+            return cached
         try:
-            compiled = await asyncio.wait_for(asyncio.to_thread(self._compile, request), GRAMMAR_SECONDS)
+            return await asyncio.wait_for(asyncio.to_thread(self._grammars.compile, request), GRAMMAR_SECONDS)
         except TimeoutError:
             raise InvalidRequest(f"`{request.param}` did not compile within {GRAMMAR_SECONDS:g} s; "
                                  "simplify the schema", param=request.param) from None
-        assert self._grammars is not None
-        return BoundGrammar(compiled, self._grammars.tokenizer)
 
-    def _compile(self, request: GrammarRequest) -> CompiledGrammar:
-        with self._grammar_lock:
-            if self._grammars is None:
-                runner = self._worker.runner
-                assert self._tokenizer is not None and runner is not None, "ready first"
-                view = self._tokenizer.grammar_view(runner.vocab_size, self._worker.eos_token_ids)
-                self._grammars = GrammarCompiler(view)
-            return self._grammars.compile(request)
+    def _grammar_view(self) -> Any:
+        """llguidance's view of the vocabulary, sized to the model's logits (once the model is loaded)."""
+        runner = self._worker.runner
+        assert self._tokenizer is not None and runner is not None, "ready first"
+        return self._tokenizer.grammar_view(runner.vocab_size, self._worker.eos_token_ids)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> GenerationStream:
         """Admit a request and hand it to the worker; raises `Overloaded` when full.

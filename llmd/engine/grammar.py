@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from llguidance import LLMatcher
@@ -27,6 +29,8 @@ from llmd.errors import InvalidRequest, UnsupportedParameter
 
 UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 DEFAULT_CACHE_BYTES = 64 << 20
+# What the cache counts for a grammar's built start matcher (its lexer and parser state).
+MATCHER_BYTES = 16 << 10
 # JSON as `json.dumps` writes it (", " and ": "), no other whitespace: what models are trained to
 # write, and no room to run on in whitespace until max_tokens (flexible whitespace allows that).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -34,17 +38,25 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 
 @dataclass(frozen=True, slots=True)
 class CompiledGrammar:
-    """A validated grammar: `matcher` gives each request its own state over it."""
+    """A validated grammar: `matcher` gives each request its own state over it.
+
+    `start` is a matcher at the grammar's start over the compiler's vocabulary, built once off
+    the worker thread: a request's matcher is a copy of it (~0.01 ms against ~0.6 ms for a new
+    one, which the worker would pay as each constrained request joins).
+    """
 
     grammar: str
+    start: LLMatcher | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
-        """Bytes the cache counts for it."""
-        return len(self.grammar)
+        """Bytes the cache counts for it (a built matcher at an estimate)."""
+        return len(self.grammar) + (MATCHER_BYTES if self.start is not None else 0)
 
     def matcher(self, tokenizer: Any) -> LLMatcher:
         """A fresh matcher at the grammar's start, over the llguidance view of the vocabulary."""
+        if self.start is not None:
+            return self.start.deep_copy()
         return LLMatcher(tokenizer, self.grammar, log_level=0)
 
 
@@ -134,6 +146,40 @@ class GrammarCompiler:
         """The request's grammar, from the cache or validated now (synchronous: run it in a thread)."""
         compiled = self.cache.get(request.schema)
         if compiled is None:
-            compiled = validated(request, self.tokenizer)
+            grammar = validated(request, self.tokenizer).grammar
+            start = LLMatcher(self.tokenizer, grammar, log_level=0) if self.tokenizer is not None else None
+            compiled = CompiledGrammar(grammar, start)
             self.cache.put(request.schema, compiled)
         return compiled
+
+    def cached(self, request: GrammarRequest) -> CompiledGrammar | None:
+        """The request's grammar if it is cached (cheap: callable on the event loop)."""
+        return self.cache.get(request.schema)
+
+
+class SharedGrammars:
+    """A `GrammarCompiler` shared by the event loop and compile threads: its vocabulary view built
+    (by `make_view`) on the first compile; a cached grammar found without waiting for a compile."""
+
+    def __init__(self, make_view: Callable[[], Any], max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._make_view = make_view
+        self._max_bytes = max_bytes
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def cached(self, request: GrammarRequest) -> BoundGrammar | None:
+        """The request's grammar if cached; None also while a compile holds the lock (never blocks)."""
+        if self._compiler is None or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            compiled = self._compiler.cached(request)
+            return None if compiled is None else BoundGrammar(compiled, self._compiler.tokenizer)
+        finally:
+            self._lock.release()
+
+    def compile(self, request: GrammarRequest) -> BoundGrammar:
+        """The request's grammar, compiled now if need be (synchronous: run it in a thread)."""
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self._make_view(), self._max_bytes)
+            return BoundGrammar(self._compiler.compile(request), self._compiler.tokenizer)

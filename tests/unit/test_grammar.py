@@ -1,15 +1,20 @@
-"""Grammar validation and its cache, pure (llguidance's validator, no vocabulary, no torch)."""
+"""Grammar validation and its cache, pure (llguidance's validator; a byte vocabulary where a matcher
+needs one; no torch)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from llguidance import LLTokenizer
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from llmd.engine.grammar import (
     CompiledGrammar,
     GrammarCache,
     GrammarCompiler,
+    SharedGrammars,
     refusal,
     validated,
 )
@@ -67,3 +72,39 @@ def test_the_compiler_validates_a_schema_once() -> None:
     first = compiler.compile(GrammarRequest(PERSON, PARAM))
     assert compiler.compile(GrammarRequest(PERSON, "other")) is first
     assert (compiler.cache.hits, compiler.cache.misses) == (1, 1)
+
+
+def byte_view() -> Any:
+    """llguidance's view of a vocabulary of single bytes and an end token."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken("<end>", special=True)])
+    return LLTokenizer(tokenizer.to_str(), eos_token=tokenizer.token_to_id("<end>"))
+
+
+def test_requests_get_copies_of_one_start_matcher_with_their_own_state() -> None:
+    compiled = GrammarCompiler(byte_view()).compile(GrammarRequest(PERSON, PARAM))
+    assert compiled.start is not None and compiled.size > len(compiled.grammar)
+    first, second = compiled.matcher(None), compiled.matcher(None)
+    assert first.consume_token(first_token(first))
+    assert second.compute_bitmask() == compiled.start.compute_bitmask() != first.compute_bitmask()
+
+
+def first_token(matcher: Any) -> int:
+    """The first token the matcher allows."""
+    mask = matcher.compute_bitmask()
+    return next(token for token in range(len(mask) * 8) if mask[token // 8] >> (token % 8) & 1)
+
+
+def test_shared_grammars_find_a_cached_grammar_without_a_thread() -> None:
+    views: list[Any] = []
+    shared = SharedGrammars(lambda: views.append(byte_view()) or views[-1])
+    request = GrammarRequest(PERSON, PARAM)
+    assert shared.cached(request) is None  # nothing compiled, no view built yet
+    bound = shared.compile(request)
+    assert shared.cached(request) == bound and len(views) == 1
+    assert shared.compile(GrammarRequest(ANY_OBJECT, PARAM)).tokenizer is bound.tokenizer
+    with shared._lock:  # a compile in another thread holds it: a miss, not a wait
+        assert shared.cached(request) is None
