@@ -107,32 +107,23 @@ class _At(enum.Enum):
     COMMA_OR_END = enum.auto()
 
 
-class JsonCallReader:
-    """One call written as a JSON object with a name and an arguments key."""
+class _StreamedCall:
+    """A reader that takes a call one character at a time (`_step`) and streams its arguments to
+    the sink as they come; `_index` is the call's once started."""
 
-    def __init__(self, sink: CallSink, argument_keys: frozenset[str]) -> None:
+    def __init__(self, sink: CallSink) -> None:
         self._sink = sink
-        self._argument_keys = argument_keys
-        self._at = _At.OPEN
-        self._value = JsonValue()
-        self._token: list[str] = []  # the key, the name or string arguments being read
-        self._key = ""
-        self._role = _Role.OTHER
-        self._name: str | None = None
         self._index: int | None = None
         self._pending: list[str] = []  # arguments text not yet given to the sink
-        self._has_arguments = False
         self._streamed = False
-        self._steps: dict[_At, Callable[[str], Status]] = {
-            _At.OPEN: self._open, _At.KEY_OR_END: self._key_or_end, _At.KEY: self._key_char,
-            _At.COLON: self._colon, _At.VALUE_START: self._value_start,
-            _At.VALUE: self._value_char, _At.COMMA_OR_END: self._comma_or_end,
-        }
+
+    def _step(self, char: str) -> Status:
+        raise NotImplementedError
 
     def feed(self, text: str, at: int) -> tuple[int, Status]:
         """Read `text` from `at`; how far it read and where the call stands."""
         for position in range(at, len(text)):
-            status = self._steps[self._at](text[position])
+            status = self._step(text[position])
             if status is not Status.MORE:
                 self._flush()
                 return position + (status is Status.DONE), status
@@ -150,6 +141,29 @@ class JsonCallReader:
             self._sink.call_arguments(self._index, "".join(self._pending))
             self._pending.clear()
             self._streamed = True
+
+
+class JsonCallReader(_StreamedCall):
+    """One call written as a JSON object with a name and an arguments key."""
+
+    def __init__(self, sink: CallSink, argument_keys: frozenset[str]) -> None:
+        super().__init__(sink)
+        self._argument_keys = argument_keys
+        self._at = _At.OPEN
+        self._value = JsonValue()
+        self._token: list[str] = []  # the key, the name or string arguments being read
+        self._key = ""
+        self._role = _Role.OTHER
+        self._name: str | None = None
+        self._has_arguments = False
+        self._steps: dict[_At, Callable[[str], Status]] = {
+            _At.OPEN: self._open, _At.KEY_OR_END: self._key_or_end, _At.KEY: self._key_char,
+            _At.COLON: self._colon, _At.VALUE_START: self._value_start,
+            _At.VALUE: self._value_char, _At.COMMA_OR_END: self._comma_or_end,
+        }
+
+    def _step(self, char: str) -> Status:
+        return self._steps[self._at](char)
 
     def _open(self, char: str) -> Status:
         return self._expect(char, "{", _At.KEY_OR_END)
@@ -316,33 +330,14 @@ class MistralReader:
 _ARGS = "[ARGS]"
 
 
-class MistralNamedCall:
+class MistralNamedCall(_StreamedCall):
     """`NAME[ARGS]{...}`: the name up to `[ARGS]`, then the arguments object, streamed."""
 
     def __init__(self, sink: CallSink) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._name: list[str] = []
         self._tag = ""
-        self._index: int | None = None
         self._value = JsonValue()
-        self._pending: list[str] = []
-        self._streamed = False
-
-    def feed(self, text: str, at: int) -> tuple[int, Status]:
-        """Read `text` from `at`; how far it read and where the call stands."""
-        for position in range(at, len(text)):
-            status = self._step(text[position])
-            if status is not Status.MORE:
-                self._flush()
-                return position + (status is Status.DONE), status
-        self._flush()
-        return len(text), Status.MORE
-
-    def finish(self) -> None:
-        """The text ended inside the call: give what arguments it has."""
-        self._flush()
-        if self._index is not None and not self._streamed:
-            self._sink.call_arguments(self._index, "{}")
 
     def _step(self, char: str) -> Status:
         if self._index is not None:
@@ -368,9 +363,3 @@ class MistralNamedCall:
             return Status.FAILED
         self._pending.append(char)
         return Status.DONE if self._value.push(char) is _Push.LAST else Status.MORE
-
-    def _flush(self) -> None:
-        if self._index is not None and self._pending:
-            self._sink.call_arguments(self._index, "".join(self._pending))
-            self._pending.clear()
-            self._streamed = True

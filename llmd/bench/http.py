@@ -257,14 +257,19 @@ async def warm_schemas(
         notes.append(f"schema warmup: {len(failures)} of {len(results)} failed ({failures[0].error})")
 
 
-async def bench_http(args: argparse.Namespace) -> BenchReport:
-    """Run the whole HTTP benchmark described by parsed `args`."""
+def stream_client(args: argparse.Namespace) -> tuple[str, StreamClient]:
+    """The base URL and a client of it (with the API key, if any); a bad URL names `--base-url`."""
     base_url = args.base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
-        client = StreamClient(base_url, headers)
+        return base_url, StreamClient(base_url, headers)
     except ValueError as exc:
         raise BenchError(f"--base-url: {exc}") from exc
+
+
+async def bench_http(args: argparse.Namespace) -> BenchReport:
+    """Run the whole HTTP benchmark described by parsed `args`."""
+    base_url, client = stream_client(args)
     # Each of the C clients holds one keep-alive connection at a time.
     async with client:
         model = args.model or await fetch_model(client, base_url, args.timeout)

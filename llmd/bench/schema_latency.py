@@ -19,8 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmd.bench.client import StreamClient
-from llmd.bench.http import BenchError, HttpSession, calibrate_prompts, fetch_model, open_session, warm_up
+from llmd.bench.http import HttpSession, calibrate_prompts, fetch_model, open_session, stream_client, warm_up
 from llmd.bench.prompts import PromptFactory
 from llmd.bench.results import MAX_ERROR_MESSAGES
 from llmd.bench.schemas import SCHEMAS, BenchSchema
@@ -137,12 +136,7 @@ async def measure_schemas(
 
 async def bench_schemas(args: argparse.Namespace) -> SchemaReport:
     """Run the whole schemas workload described by parsed `args`."""
-    base_url = args.base_url.rstrip("/")
-    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    try:
-        client = StreamClient(base_url, headers)
-    except ValueError as exc:
-        raise BenchError(f"--base-url: {exc}") from exc
+    base_url, client = stream_client(args)
     async with client:
         model = args.model or await fetch_model(client, base_url, args.timeout)
         session = open_session(client, model, args)
