@@ -53,6 +53,15 @@ OUT_OF_RANGE = {
 }
 
 
+NOW = {"type": "function", "function": {"name": "now"}}
+FIND = {"type": "function", "function": {"name": "find", "description": None, "strict": True, "parameters": {
+    "type": "object", "properties": {"q": {"type": "string", "maxLength": 4}}, "required": ["q"]}}}
+TOOL_LISTS = [[NOW], [NOW, FIND], [FIND]]
+# Some choices are 400s with some lists (`now` not among them): those must be 400s, never 500s.
+TOOL_CHOICES = st.sampled_from(["none", "auto", "required",
+                                {"type": "function", "function": {"name": "now"}}])
+
+
 def content() -> st.SearchStrategy[Any]:
     parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), min_size=1, max_size=3)
     return TEXT | parts
@@ -84,6 +93,8 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
                                                     TEXT | st.booleans()),
             "store": st.booleans(), "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4)),
             "modalities": st.just(["text"]), "parallel_tool_calls": st.booleans(),
+            "tools": st.sampled_from(TOOL_LISTS), "tool_choice": TOOL_CHOICES,
+            "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
         },
     )
 
@@ -122,4 +133,5 @@ def test_no_body_gets_a_server_error(http: httpx.Client, body: dict[str, Any]) -
     elif body.get("stream"):
         judge_stream(reply.content)
     else:
-        assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length"), reply.text[:300]
+        finish = reply.json()["choices"][0]["finish_reason"]
+        assert finish in ("stop", "length", "tool_calls"), reply.text[:300]
