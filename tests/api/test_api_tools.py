@@ -226,3 +226,17 @@ def test_thinking_history_reaches_the_template() -> None:
     with served(engine) as client:
         assert post_chat(client, messages=turns).status_code == 200
     assert engine.encoded[0][1]["reasoning_content"] == "z"
+
+
+def test_every_choice_reads_its_own_calls_and_logprobs_still_come() -> None:
+    with served(hermes()) as client:
+        body = post_chat(client, tools=TOOLS, max_tokens=50, n=2, logprobs=True).json()
+        streamed = sse_chunks(post_chat(client, tools=TOOLS, max_tokens=50, n=2, logprobs=True, stream=True))
+    ids = [choice["message"]["tool_calls"][0]["id"] for choice in body["choices"]]
+    assert len(set(ids)) == 2 and all(choice["logprobs"]["content"] for choice in body["choices"])
+    firsts = [(c["choices"][0]["index"], call["id"]) for c in streamed if c["choices"]
+              for call in c["choices"][0]["delta"].get("tool_calls", []) if "id" in call]
+    assert sorted(index for index, _ in firsts) == [0, 1] and len({i for _, i in firsts}) == 2
+    tokens = sum(len(c["choices"][0]["logprobs"]["content"]) for c in streamed
+                 if c["choices"] and c["choices"][0].get("logprobs"))
+    assert tokens == 2 * len(CALL_PIECES)  # every token's logprobs reach the client, in some chunk
