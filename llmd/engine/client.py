@@ -195,7 +195,8 @@ class EngineClient:
         self._worker.start()
 
     async def shutdown(self) -> None:
-        """Stop the worker thread."""
+        """Stop the worker thread (and drop queued grammar compiles)."""
+        self._grammars.close()
         await asyncio.to_thread(self._worker.stop, 10.0)
 
     async def drain(self, timeout: float) -> int:
@@ -288,14 +289,7 @@ class EngineClient:
     async def constrain(self, request: GrammarRequest) -> Constraint:
         """The request's grammar (see `Engine.constrain`): a cached one at once, else validated in
         a thread within `GRAMMAR_SECONDS` (the vocabulary's grammar view built on the first)."""
-        cached = self._grammars.cached(request)
-        if cached is not None:
-            return cached
-        try:
-            return await asyncio.wait_for(asyncio.to_thread(self._grammars.compile, request), GRAMMAR_SECONDS)
-        except TimeoutError:
-            raise InvalidRequest(f"`{request.param}` did not compile within {GRAMMAR_SECONDS:g} s; "
-                                 "simplify the schema", param=request.param) from None
+        return await self._grammars.bound(request, GRAMMAR_SECONDS)
 
     def _grammar_view(self) -> Any:
         """llguidance's view of the vocabulary, sized to the model's logits (once the model is loaded)."""

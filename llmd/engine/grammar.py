@@ -14,11 +14,13 @@ the model side turns a request's matcher into a mask over its row of logits.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +31,7 @@ from llmd.errors import InvalidRequest, UnsupportedParameter
 
 UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 DEFAULT_CACHE_BYTES = 64 << 20
+GRAMMAR_THREADS = 2  # grammar compiles at once, beside the event loop and the worker
 # What the cache counts for a grammar's built start matcher (its lexer and parser state).
 MATCHER_BYTES = 16 << 10
 # JSON as `json.dumps` writes it (", " and ": "), no other whitespace: what models are trained to
@@ -146,11 +149,15 @@ class GrammarCompiler:
         """The request's grammar, from the cache or validated now (synchronous: run it in a thread)."""
         compiled = self.cache.get(request.schema)
         if compiled is None:
-            grammar = validated(request, self.tokenizer).grammar
-            start = LLMatcher(self.tokenizer, grammar, log_level=0) if self.tokenizer is not None else None
-            compiled = CompiledGrammar(grammar, start)
+            compiled = self.build(request)
             self.cache.put(request.schema, compiled)
         return compiled
+
+    def build(self, request: GrammarRequest) -> CompiledGrammar:
+        """The request's grammar validated now, with its start matcher; the cache is not touched."""
+        grammar = validated(request, self.tokenizer).grammar
+        start = LLMatcher(self.tokenizer, grammar, log_level=0) if self.tokenizer is not None else None
+        return CompiledGrammar(grammar, start)
 
     def cached(self, request: GrammarRequest) -> CompiledGrammar | None:
         """The request's grammar if it is cached (cheap: callable on the event loop)."""
@@ -158,17 +165,40 @@ class GrammarCompiler:
 
 
 class SharedGrammars:
-    """A `GrammarCompiler` shared by the event loop and compile threads: its vocabulary view built
-    (by `make_view`) on the first compile; a cached grammar found without waiting for a compile."""
+    """A `GrammarCompiler` shared by the event loop and compile threads.
+
+    The lock guards only the cache and the one-time build of the vocabulary view (by
+    `make_view`): validating runs outside it, so a slow schema (a hostile one takes seconds)
+    delays only its own request, never a cached grammar or another compile.
+    """
 
     def __init__(self, make_view: Callable[[], Any], max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self._make_view = make_view
         self._max_bytes = max_bytes
         self._compiler: GrammarCompiler | None = None
         self._lock = threading.Lock()
+        # Compiles (never cancelled once begun) queue in their own threads, not where prompts are encoded.
+        self._pool = ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="llmd-grammar")
+
+    async def bound(self, request: GrammarRequest, seconds: float) -> BoundGrammar:
+        """The request's grammar: a cached one at once, else compiled in the pool within `seconds`
+        (a 400 naming `request.param` after that)."""
+        cached = self.cached(request)
+        if cached is not None:
+            return cached
+        compiling = asyncio.get_running_loop().run_in_executor(self._pool, self.compile, request)
+        try:
+            return await asyncio.wait_for(compiling, seconds)
+        except TimeoutError:
+            raise InvalidRequest(f"`{request.param}` did not compile within {seconds:g} s; simplify the "
+                                 "schema", param=request.param) from None
+
+    def close(self) -> None:
+        """Drop queued compiles (one running finishes in its thread)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def cached(self, request: GrammarRequest) -> BoundGrammar | None:
-        """The request's grammar if cached; None also while a compile holds the lock (never blocks)."""
+        """The request's grammar if cached; None also while the view is being built (never blocks)."""
         if self._compiler is None or not self._lock.acquire(blocking=False):
             return None
         try:
@@ -182,4 +212,10 @@ class SharedGrammars:
         with self._lock:
             if self._compiler is None:
                 self._compiler = GrammarCompiler(self._make_view(), self._max_bytes)
-            return BoundGrammar(self._compiler.compile(request), self._compiler.tokenizer)
+            compiler = self._compiler
+            compiled = compiler.cached(request)
+        if compiled is None:
+            compiled = compiler.build(request)
+            with self._lock:
+                compiler.cache.put(request.schema, compiled)
+        return BoundGrammar(compiled, compiler.tokenizer)

@@ -4,6 +4,7 @@ needs one; no torch)."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -106,5 +107,34 @@ def test_shared_grammars_find_a_cached_grammar_without_a_thread() -> None:
     bound = shared.compile(request)
     assert shared.cached(request) == bound and len(views) == 1
     assert shared.compile(GrammarRequest(ANY_OBJECT, PARAM)).tokenizer is bound.tokenizer
-    with shared._lock:  # a compile in another thread holds it: a miss, not a wait
+    with shared._lock:  # the view being built in another thread: a miss, not a wait
         assert shared.cached(request) is None
+
+
+def test_a_slow_compile_holds_up_no_other_grammar(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmd.engine.grammar as grammar_module
+
+    slow = GrammarRequest(json.dumps({"type": "array"}), PARAM)
+    release, entered = threading.Event(), threading.Event()
+    real = grammar_module.validated
+
+    def blocking(request: GrammarRequest, tokenizer: Any = None) -> CompiledGrammar:
+        if request == slow:  # a hostile schema: validating it takes as long as the test says
+            entered.set()
+            release.wait()
+        return real(request, tokenizer)
+
+    monkeypatch.setattr(grammar_module, "validated", blocking)
+    shared = SharedGrammars(byte_view)
+    known = shared.compile(GrammarRequest(PERSON, PARAM))
+    worker = threading.Thread(target=shared.compile, args=(slow,))
+    worker.start()
+    entered.wait()
+    try:
+        assert shared.cached(GrammarRequest(PERSON, PARAM)) == known  # found while the slow one runs
+        assert shared.compile(GrammarRequest(ANY_OBJECT, PARAM)).compiled.grammar  # and another compiles
+    finally:
+        release.set()
+        worker.join()
+    assert shared.cached(slow) is not None
+    shared.close()
