@@ -81,7 +81,7 @@ class ReplyParser:
                 deltas += self._content(self._calls.feed(text) if self._calls else [TextPiece(text)])
         if final and self._calls is not None:
             deltas += self._content(self._calls.finish())
-        return merged(deltas)
+        return deltas
 
     def _content(self, pieces: list[ToolPiece]) -> list[Delta]:
         out = []
@@ -96,39 +96,6 @@ class ReplyParser:
                 function = FunctionDelta(arguments=piece.fragment)
                 out.append(Delta(tool_calls=[ToolCallDelta(piece.index, function=function)]))
         return out
-
-
-def merged(deltas: list[Delta]) -> list[Delta]:
-    """Neighbouring deltas of one kind as one: text pieces joined, a call's argument pieces joined."""
-    out: list[Delta] = []
-    for delta in deltas:
-        last = out[-1] if out else None
-        if last is not None and last.content is not None and delta.content is not None:
-            out[-1] = Delta(content=last.content + delta.content)
-        elif last is not None and last.reasoning_content is not None and delta.reasoning_content is not None:
-            out[-1] = Delta(reasoning_content=last.reasoning_content + delta.reasoning_content)
-        elif last is not None and arguments_of_same_call(last, delta):
-            assert last.tool_calls is not None and delta.tool_calls is not None
-            out[-1] = Delta(tool_calls=[joined_arguments(last.tool_calls[0], delta.tool_calls[0])])
-        else:
-            out.append(delta)
-    return out
-
-
-def arguments_of_same_call(first: Delta, second: Delta) -> bool:
-    """Whether `second` only adds arguments to the call `first` is about."""
-    if not first.tool_calls or not second.tool_calls:
-        return False
-    a, b = first.tool_calls[0], second.tool_calls[0]  # a call's first delta stays `arguments: ""`
-    return a.index == b.index and a.id is None and b.id is None and a.function is not None \
-        and b.function is not None
-
-
-def joined_arguments(first: ToolCallDelta, second: ToolCallDelta) -> ToolCallDelta:
-    """`first` with `second`'s arguments appended."""
-    assert first.function is not None and second.function is not None
-    arguments = (first.function.arguments or "") + (second.function.arguments or "")
-    return ToolCallDelta(first.index, first.id, first.type, FunctionDelta(first.function.name, arguments))
 
 
 @dataclass(slots=True)

@@ -44,8 +44,7 @@ def reply_grammar(body: ChatCompletionRequest, tools: ToolRequest | None, chat: 
     elif schema is None:
         return None
     elif thinking is Thinking.NONE or chat.reasoning is None:
-        request = GrammarRequest(json.dumps(schema[0]) if schema[0] is not ANY_OBJECT_SCHEMA else ANY_OBJECT,
-                                 schema[1])
+        request = GrammarRequest(json.dumps(schema[0]), schema[1])  # `json_object`: ANY_OBJECT again
     else:
         grammar = json_grammar(schema[0], thinking, chat.reasoning, Spelling(dict(chat.tokens)))
         request = GrammarRequest(grammar, schema[1], lark=True)

@@ -240,3 +240,19 @@ def test_every_choice_reads_its_own_calls_and_logprobs_still_come() -> None:
     tokens = sum(len(c["choices"][0]["logprobs"]["content"]) for c in streamed
                  if c["choices"] and c["choices"][0].get("logprobs"))
     assert tokens == 2 * len(CALL_PIECES)  # every token's logprobs reach the client, in some chunk
+
+
+def test_parallel_tool_calls_false_writes_a_grammar_of_one_call() -> None:
+    repeat = '("\\n<tool_call>" rest)*'
+    for parallel, repeated in ((None, True), (False, False)):
+        engine = hermes()
+        with served(engine) as client:
+            post_chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=parallel)
+        assert (repeat in engine.grammars[-1].schema) is repeated
+
+
+def test_a_call_cut_by_max_tokens_finishes_with_length() -> None:
+    with served(hermes()) as client:
+        choice = post_chat(client, tools=TOOLS, max_tokens=4).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["tool_calls"][0]["function"]["name"] == \
+        "get_weather"

@@ -8,8 +8,6 @@ import threading
 from typing import Any
 
 import pytest
-from llguidance import LLTokenizer
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from llmd.engine.grammar import (
     CompiledGrammar,
@@ -21,6 +19,7 @@ from llmd.engine.grammar import (
 )
 from llmd.engine.types import ANY_OBJECT, GrammarRequest
 from llmd.errors import InvalidRequest, UnsupportedParameter
+from tests.helpers.byte_tokenizer import byte_tokenizer
 
 PARAM = "response_format.json_schema.schema"
 PERSON = json.dumps({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -77,12 +76,7 @@ def test_the_compiler_validates_a_schema_once() -> None:
 
 def byte_view() -> Any:
     """llguidance's view of a vocabulary of single bytes and an end token."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken("<end>", special=True)])
-    return LLTokenizer(tokenizer.to_str(), eos_token=tokenizer.token_to_id("<end>"))
+    return byte_tokenizer()[1]
 
 
 def test_requests_get_copies_of_one_start_matcher_with_their_own_state() -> None:

@@ -4,8 +4,7 @@ family's marker strings), and the grammars built for them: what each lets a repl
 from __future__ import annotations
 
 import pytest
-from llguidance import LLMatcher, LLTokenizer
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from llguidance import LLMatcher
 
 from llmd.api.tool_grammar import (
     NO_PARAMETERS,
@@ -29,6 +28,7 @@ from llmd.engine.tool_format import (
     grammar_token,
 )
 from tests.helpers import tool_templates
+from tests.helpers.byte_tokenizer import END, byte_tokenizer
 
 WEATHER = ToolSpec("get_weather", {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}}, "required": ["city"]})
@@ -52,23 +52,11 @@ def test_the_format_is_read_from_the_template(template: str, tools: ToolFormat, 
 
 
 TAGS = ("<tool_call>", "</tool_call>", "<think>", "</think>", "</parameter>")  # tokens in Qwen's vocabulary
-END = "<end>"
 
 
-def byte_tokenizer(tags: bool) -> tuple[Tokenizer, LLTokenizer]:
-    """A tokenizer of single bytes with an end token and Mistral's `[TOOL_CALLS]` as special tokens,
-    and with `tags` Qwen's tags as added tokens (which llguidance keeps out of text)."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = Tokenizer(models.BPE(vocab={symbol: i for i, symbol in enumerate(alphabet)}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(END, special=True), AddedToken(MISTRAL.start, special=True)])
-    if tags:
-        tokenizer.add_tokens([AddedToken(tag, special=False) for tag in TAGS])
-    return tokenizer, LLTokenizer(tokenizer.to_str(), eos_token=tokenizer.token_to_id(END))
-
-
-TOKENIZERS = {tags: byte_tokenizer(tags) for tags in (False, True)}
+# Mistral's `[TOOL_CALLS]` is special; with `tags`, Qwen's tags are added tokens (llguidance keeps them
+# out of text).
+TOKENIZERS = {tags: byte_tokenizer([MISTRAL.start], TAGS if tags else ()) for tags in (False, True)}
 MISTRAL_TOKEN = TOKENIZERS[False][0].token_to_id(MISTRAL.start)
 TAG_SPELLING = Spelling({tag: TOKENIZERS[True][0].token_to_id(tag) for tag in TAGS})
 
