@@ -108,6 +108,18 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Server-side FIM prompt (`/v1/completions` with `suffix`, `/infill`) instead of the one detected from
     # the tokenizer: text with control tokens as text, `{prefix}` and `{suffix}` once each.
     fim_template: str | None = None
+    # Stored responses (`/v1/responses` with `store: true`): an SQLite file, the oldest dropped first
+    # past any bound. `responses_path` None: the state directory (llmd.api.responses.store).
+    store_responses: bool = True
+    responses_path: str | None = None
+    responses_max_age: Annotated[float, Meta(gt=0)] = 30 * 24 * 3600.0
+    responses_max_count: Positive = 10_000
+    responses_max_bytes: Positive | str = "1GiB"
+
+    @property
+    def responses_byte_limit(self) -> int:
+        """`responses_max_bytes` in bytes (validated when the settings load)."""
+        return parse_size(self.responses_max_bytes)
 
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -121,7 +133,19 @@ def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     settings = _convert(values, Settings, source)
     _check_allowed_hosts(settings.allowed_hosts, source)
     _check_fim_template(settings.fim_template, source)
+    _check_responses_max_bytes(settings.responses_max_bytes, source)
     return settings
+
+
+def _check_responses_max_bytes(size: int | str, source: str) -> None:
+    """`responses_max_bytes` must be a size (`1GiB`, `500MB`, bytes) of at least one byte."""
+    try:
+        limit = parse_size(size)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: key `responses_max_bytes`: {exc}", param="responses_max_bytes") from exc
+    if limit < 1:
+        raise ConfigError(f"{source}: key `responses_max_bytes`: must be at least 1 byte, not `{size}`",
+                          param="responses_max_bytes")
 
 
 FIM_HOLES = ("{prefix}", "{suffix}")

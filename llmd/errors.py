@@ -190,3 +190,12 @@ class ConfigError(LlmdError):
     """Settings or a profile are invalid; names the file, the key and a fix."""
 
     code = "config_error"
+
+
+class StoreError(ConfigError):
+    """The stored-responses database cannot be used: not an llmd store, another schema, or unreadable.
+
+    Never repaired by deleting it: the message names the file so its owner can move it aside.
+    """
+
+    code = "response_store_error"

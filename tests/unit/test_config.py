@@ -148,3 +148,34 @@ def test_allowed_hosts_refuse_what_a_host_header_never_holds(tmp_path: Path, ent
         load_settings(path, {})
     message = err.value.message
     assert "allowed_hosts" in message and hint in message and str(path) in message
+
+
+def test_stored_responses_defaults() -> None:
+    settings = load_settings(None, {})
+    assert settings.store_responses is True and settings.responses_path is None
+    assert settings.responses_max_age == 30 * 24 * 3600 and settings.responses_max_count == 10_000
+    assert settings.responses_byte_limit == 2**30
+
+
+def test_stored_responses_byte_bound_takes_a_size(tmp_path: Path) -> None:
+    path = tmp_path / "llmd.yaml"
+    path.write_text("responses_max_bytes: 500MB\nresponses_path: /srv/llmd/responses.sqlite3\n")
+    settings = load_settings(path, {})
+    assert settings.responses_byte_limit == 500 * 10**6
+    assert load_settings(None, {"responses_max_bytes": 4096}).responses_byte_limit == 4096
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [("responses_max_age: 0", "key `responses_max_age`"),
+     ("responses_max_count: 0", "key `responses_max_count`"),
+     ("responses_max_bytes: lots", "key `responses_max_bytes`: not a size"),
+     ("responses_max_bytes: '0'", "key `responses_max_bytes`: must be at least 1 byte"),
+     ("store_responses: maybe", "key `store_responses`"),
+     ("responses_max_byte: 1GiB", "did you mean `responses_max_bytes`")],
+)
+def test_stored_responses_bad_values_are_refused(tmp_path: Path, body: str, problem: str) -> None:
+    path = tmp_path / "llmd.yaml"
+    path.write_text(body + "\n")
+    with pytest.raises(ConfigError, match=problem):
+        load_settings(path, {})
