@@ -229,6 +229,16 @@ def test_schemas_workload_drives_responses(fake: Served, capsys: Capture) -> Non
     assert len(_responses_bodies(fake.app)) == 1 + 3 + 36
 
 
+def test_the_table_names_the_api(fake: Served, capsys: Capture) -> None:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    argv = ["--base-url", fake.base_url, "--model", "fake-ok", "-n", "1", "--max-tokens", "2"]
+    assert command.run(parser.parse_args([*argv, "--api", "responses"])) == 0
+    assert "model fake-ok  via /responses" in capsys.readouterr().out.splitlines()[0]
+    assert command.run(parser.parse_args(argv)) == 0
+    assert "via /chat/completions" in capsys.readouterr().out.splitlines()[0]
+
+
 @pytest.mark.parametrize("argv", [("--workload", "autocomplete"), ("--in-process", "/nowhere")])
 def test_workloads_without_a_responses_form_refuse_it(argv: tuple[str, ...], capsys: Capture) -> None:
     parser = argparse.ArgumentParser()
