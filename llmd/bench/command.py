@@ -9,6 +9,8 @@ cursor of a ~1,500-token file, each sending a streamed FIM completion and closin
 previous one (llmd/bench/autocomplete.py). `--constrained K` sends K of the C clients'
 requests under a JSON schema (llmd/bench/schemas.py); `--workload schemas` measures what a
 schema adds to the first token, on first use and cached (llmd/bench/schema_latency.py).
+`--api responses` sends the chat and schemas workloads' streams to /v1/responses instead
+(llmd/bench/responses.py), so one server's two APIs can be compared under the same load.
 This module holds the flags and the run; the rest of the bench lives beside it.
 """
 
@@ -22,7 +24,7 @@ from typing import Any, TypeVar
 
 from llmd.bench.autocomplete import FIM_FORMS, bench_autocomplete
 from llmd.bench.edit_results import AutocompleteReport
-from llmd.bench.http import BenchError, bench_http
+from llmd.bench.http import APIS, BenchError, bench_http
 from llmd.bench.inprocess import bench_in_process
 from llmd.bench.report import format_autocomplete_table, format_json, format_schema_table, format_table
 from llmd.bench.results import BenchReport
@@ -70,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "prefix is reused (default)")
     prompts.add_argument("--shared-prompt", dest="distinct_prompts", action="store_false",
                          help="send the same prompt every time")
+    add("--api", choices=APIS, default="chat",
+        help="chat: stream /chat/completions; responses: the same requests as OpenAI Responses "
+        "API streams to /responses (chat and schemas workloads only; default: chat)")
     add("--ignore-eos", action="store_true", help='send "ignore_eos": true (vLLM, llama.cpp)')
     add("--warmup", type=_non_negative_int, default=1,
         help="unmeasured requests first (default: 1)")
@@ -162,6 +167,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return f"--constrained {args.constrained} exceeds the {args.concurrency} client(s) of -c"
     if args.constrained and args.in_process:
         return "--in-process measures decode only; drop --constrained"
+    if args.api != "chat" and args.in_process:
+        return "--in-process measures decode only, through no API; drop --api"
     if args.constrained and args.ignore_eos:
         return ("--ignore-eos cannot be combined with --constrained: a schema's reply ends "
                 "where its grammar does")
@@ -182,6 +189,9 @@ def _autocomplete_refusal(args: argparse.Namespace) -> str | None:
     """Why `args` cannot run the autocomplete workload (one editor over HTTP), if they cannot."""
     if args.in_process:
         return "--in-process measures decode only; drop it for --workload autocomplete"
+    if args.api != "chat":
+        return ("--workload autocomplete sends /v1/completions fill-in-the-middle requests, "
+                "which have no Responses API form; drop --api")
     if args.concurrency > 1 or args.constrained:
         return "--workload autocomplete plays one editor user; drop -c and --constrained"
     return None

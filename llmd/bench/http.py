@@ -1,6 +1,7 @@
 """The HTTP benchmark: chat completions streamed from one OpenAI-compatible base URL.
 
-`HttpSession` sends the requests and records every SSE event into a `StreamResult` the
+`HttpSession` sends the requests (to /chat/completions, or as Responses API requests to
+/responses: llmd/bench/responses.py) and records every SSE event into a `StreamResult` the
 moment it is parsed; `bench_http` calibrates the prompt, warms up and runs C clients x R
 requests per repeat.
 """
@@ -11,15 +12,20 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from llmd.bench.client import Reply, StreamClient
 from llmd.bench.prompts import PromptFactory, calibrate_words
+from llmd.bench.responses import END, PATH, record_response_events, responses_body
 from llmd.bench.results import BenchReport, RunReport, StreamResult, bench_report, summarize_mix
 from llmd.bench.schemas import Format, SchemaMix
 from llmd.bench.sse import SSEEvent, SSEParser
+
+# Applies a network read's events to a stream's result, stopping at the one that ends it.
+Recorder = Callable[[StreamResult, Sequence[SSEEvent]], None]
+APIS = ("chat", "responses")
 
 
 class BenchError(Exception):
@@ -28,7 +34,8 @@ class BenchError(Exception):
 
 @dataclass(slots=True)
 class HttpSession:
-    """Sends chat completions to one OpenAI-compatible base URL."""
+    """Sends chat completions to one OpenAI-compatible base URL; with `api` "responses", its
+    streams as Responses API requests (prompt calibration stays on /chat/completions)."""
 
     client: StreamClient
     model: str
@@ -36,6 +43,7 @@ class HttpSession:
     temperature: float
     ignore_eos: bool
     timeout: float
+    api: str = "chat"
 
     def body(
         self, prompt: str, *, stream: bool, max_tokens: int, response_format: Format | None = None
@@ -77,21 +85,27 @@ class HttpSession:
         result = StreamResult(sent=time.perf_counter(), text=None if response_format is None else [])
         tokens = self.max_tokens if max_tokens is None else max_tokens
         body = self.body(prompt, stream=True, max_tokens=tokens, response_format=response_format)
-        await stream_into(result, self.client, "/chat/completions", body, self.timeout)
+        if self.api == "responses":
+            await stream_into(result, self.client, PATH, responses_body(body), self.timeout,
+                              record_response_events, END)
+        else:
+            await stream_into(result, self.client, "/chat/completions", body, self.timeout)
         return result
 
 
 async def stream_into(
-    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any], timeout: float
+    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any], timeout: float,
+    recorder: Recorder | None = None, end: str = "data: [DONE]",
 ) -> None:
-    """POST `body` to `path` and record its SSE reply into `result` as it arrives.
+    """POST `body` to `path` and record its SSE reply into `result` as it arrives (by
+    `recorder`, chat's `record_events` unless given; `end` names what a whole stream ends with).
 
     Failures are recorded, never raised; a cancellation propagates (the connection is
     closed), leaving in `result` what had arrived.
     """
     try:
         async with asyncio.timeout(timeout):
-            await _consume(result, client, path, body)
+            await _consume(result, client, path, body, recorder or record_events, end)
     except TimeoutError:
         result.error = None if result.done else f"timed out after {timeout:g}s"
     except OSError as exc:  # refused, reset, or not HTTP (TransportError)
@@ -101,15 +115,16 @@ async def stream_into(
 
 
 async def _consume(
-    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any]
+    result: StreamResult, client: StreamClient, path: str, body: dict[str, Any],
+    recorder: Recorder, end: str,
 ) -> None:
     parser = SSEParser()
 
     def sink(data: bytes) -> bool:
-        # Runs as the bytes arrive. After [DONE] the rest of the body is still read,
-        # so the connection is reused; an error ends the exchange at once.
+        # Runs as the bytes arrive. After the end ([DONE]) the rest of the body is still
+        # read, so the connection is reused; an error ends the exchange at once.
         if not result.done:
-            record_events(result, parser.feed(data))
+            recorder(result, parser.feed(data))
         return result.error is not None
 
     reply = await client.request("POST", path, _json_bytes(body), sink)
@@ -120,7 +135,7 @@ async def _consume(
     # A stream that reported its finish_reason completed, even if the server then
     # omitted [DONE] (transformers serve does): a protocol deviation, noted, not an error.
     if not result.done and result.finish_reason is None:
-        result.error = "stream ended before data: [DONE]"
+        result.error = f"stream ended before {end}"
 
 
 def record_events(result: StreamResult, events: Sequence[SSEEvent]) -> None:
@@ -230,7 +245,8 @@ async def calibrate_prompts(
         notes.append(f"prompt not calibrated ({exc}): sent {prompts.words} filler words")
         return None
     prompts.words = words
-    notes.append(f"prompt calibrated to {tokens} tokens: {words} filler words, {probes} probes")
+    where = " on /chat/completions" if session.api == "responses" else ""
+    notes.append(f"prompt calibrated{where} to {tokens} tokens: {words} filler words, {probes} probes")
     return tokens
 
 
@@ -294,6 +310,7 @@ def open_session(client: StreamClient, model: str, args: argparse.Namespace) -> 
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         timeout=args.timeout,
+        api=args.api,
     )
 
 

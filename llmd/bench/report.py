@@ -11,6 +11,8 @@ from llmd.bench.edit_results import AutocompleteReport, AutocompleteRun
 from llmd.bench.results import BenchReport, RunReport
 from llmd.bench.schema_latency import SchemaReport, SchemaRun
 
+ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}  # what `--api` drives
+
 COLUMNS = (
     ("run", 0, "{}"),  # sized to the longest label
     ("ok", 4, "{}"),
@@ -96,7 +98,7 @@ def format_table(report: BenchReport) -> str:
     rows = [_row_values(run) for run in report.runs]
     label_width = max([len("run"), *(len(row[0]) for row in rows)]) + 1
     lines = [
-        f"llmd bench  {report.target}  model {report.model}",
+        f"llmd bench  {report.target}  model {report.model}{_via(report.api)}",
         f"{report.concurrency} client(s) x {report.requests_per_client} request(s), "
         f"warmup {report.warmup}, prompt {prompt} tokens (asked {report.prompt_tokens_requested}, "
         f"{kind}), max_tokens {report.max_tokens}, temperature {report.temperature:g}",
@@ -108,6 +110,11 @@ def format_table(report: BenchReport) -> str:
     ]
     lines += _summary_lines(report)
     return "\n".join(lines)
+
+
+def _via(api: str | None) -> str:
+    """The endpoint the streams went to, after the target; nothing for an in-process run."""
+    return "" if api is None else f"  via {ENDPOINTS[api]}"
 
 
 def _constrained_lines(report: BenchReport) -> list[str]:
@@ -191,7 +198,7 @@ def format_schema_table(report: SchemaReport) -> str:
     label_width = max([len("run"), *(len(row[0]) for row in rows)]) + 1
     prompt = "?" if report.prompt_tokens is None else str(report.prompt_tokens)
     lines = [
-        f"llmd bench schemas  {report.target}  model {report.model}",
+        f"llmd bench schemas  {report.target}  model {report.model}{_via(report.api)}",
         f"{len(report.schemas)} schemas x 3 one-token streams (plain, first use, cached), prompt "
         f"{prompt} tokens (asked {report.prompt_tokens_requested}), warmup {report.warmup}",
         "times in ms; first/cached = that request's TTFT minus the plain one's (p50 and max over "

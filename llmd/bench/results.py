@@ -123,6 +123,7 @@ class BenchReport:
     median_output_tokens_per_s: dict[str, float | None]
     constrained_clients: int = 0
     schemas: list[str] = field(default_factory=list)
+    api: str | None = "chat"  # what the streams drove: "chat", "responses"; None in-process
 
 
 def summarize(
@@ -282,4 +283,5 @@ def bench_report(
         median_output_tokens_per_s=median_output_rates(runs),
         constrained_clients=args.constrained,
         schemas=[schema.name for schema in SCHEMAS] if args.constrained else [],
+        api=None if args.in_process else args.api,
     )

@@ -1,14 +1,15 @@
 """The schemas workload: what a JSON schema adds to a request's first token, on first use and after.
 
 Per repeat, for each schema of the set (llmd/bench/schemas.py), three one-token streamed chat
-requests, one after another, each on a fresh prompt of the same length (so no prefix is reused):
-plain; under the schema with a title never sent before (a nonce: new text to the server's grammar
-cache, the same grammar); under that same schema again. A schema's first-use cost is its TTFT
-minus the plain request's, its cached cost the third's minus the plain one's: what compiling,
-and then only looking up, the grammar and starting its matcher add. It is measured from outside,
-so it works on any OpenAI-compatible server (vLLM compiles with xgrammar on first use).
-Before the repeats one schema request under a throwaway title pays what a server does once for
-its first grammar (llmd builds its vocabulary's grammar view then): reported apart, as `setup`.
+requests (Responses API ones with `--api responses`), one after another, each on a fresh prompt of
+the same length (so no prefix is reused): plain; under the schema with a title never sent before
+(a nonce: new text to the server's grammar cache, the same grammar); under that same schema again.
+A schema's first-use cost is its TTFT minus the plain request's, its cached cost the third's minus
+the plain one's: what compiling, and then only looking up, the grammar and starting its matcher
+add. It is measured from outside, so it works on any OpenAI-compatible server (vLLM compiles with
+xgrammar on first use). Before the repeats one schema request under a throwaway title pays what a
+server does once for its first grammar (llmd builds its vocabulary's grammar view then): reported
+apart, as `setup`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class SchemaReport:
     notes: list[str]
     runs: list[SchemaRun]
     medians: dict[str, float | None]
+    api: str = "chat"  # the API the streams drove: "chat" (/chat/completions) or "responses"
 
 
 def summarize_schemas(repeat: int, timings: Sequence[SchemaTiming]) -> SchemaRun:
@@ -152,4 +154,5 @@ async def bench_schemas(args: argparse.Namespace) -> SchemaReport:
         target=base_url, model=model, repeats=args.repeats, warmup=args.warmup,
         schemas=[schema.name for schema in SCHEMAS], prompt_tokens_requested=args.prompt_tokens,
         prompt_tokens=prompt_tokens, setup=setup, notes=notes, runs=runs, medians=schema_medians(runs),
+        api=args.api,
     )

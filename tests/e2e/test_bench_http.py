@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
@@ -219,9 +220,9 @@ class Served:
     app: FakeOpenAI
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    app = FakeOpenAI()
+@contextlib.contextmanager
+def serving(app: FakeOpenAI) -> Iterator[Served]:
+    """`app` served by real uvicorn on a loopback port until the block ends."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, lifespan="off", ws="none", http="h11", loop="asyncio",
@@ -237,6 +238,12 @@ def served() -> Iterator[Served]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    with serving(FakeOpenAI()) as running:
+        yield running
 
 
 @pytest.fixture
