@@ -88,6 +88,13 @@ class ModelNotFound(LlmdError):
     code = "model_not_found"
 
 
+class ResponseNotFound(LlmdError):
+    """No stored response has this id (404): never stored, deleted, or past the store's bounds."""
+
+    status = 404
+    error_type = "invalid_request_error"
+
+
 class RouteNotFound(LlmdError):
     """No such endpoint (404)."""
 

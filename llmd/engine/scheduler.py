@@ -151,6 +151,7 @@ class Scheduler:
         """A follower forked from `leader`'s prefill starts running beside it."""
         follower.status = RequestStatus.RUNNING
         follower.queued_seconds = leader.queued_seconds
+        follower.cached_tokens = leader.cached_tokens
         self.running.append(follower)
 
     def finish(self, request: Request, reason: FinishReason) -> None:

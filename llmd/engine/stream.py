@@ -30,6 +30,7 @@ class GenerationStream:
         self.started = time.monotonic()
         self.first_token_at: float | None = None
         self.queued_seconds: float | None = None  # arrival → admitted to the running set
+        self.cached_tokens = 0  # prompt tokens the prefix cache supplied
         self.last_event_at: float | None = None
         self.token_gaps: list[float] = []  # seconds between events that carried tokens
         self.completion_tokens = 0
@@ -51,6 +52,8 @@ class GenerationStream:
         now = time.monotonic()
         if event.queued_seconds is not None:
             self.queued_seconds = event.queued_seconds
+        if event.cached_tokens is not None:
+            self.cached_tokens = event.cached_tokens
         if event.completion_tokens > self.completion_tokens:
             if self.first_token_at is None:
                 self.first_token_at = now

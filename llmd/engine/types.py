@@ -167,6 +167,7 @@ class Request:
     prefilled: int = 0
     arrived: float = field(default_factory=time.monotonic)  # submitted (time.monotonic)
     queued_seconds: float | None = None  # arrival → admitted to the running set
+    cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     # More choices of this prompt (`n`): decoded from this request's prefill, each its own request
     # once forked from it; until then they wait here, outside the scheduler's queues.
     followers: list[Request] = field(default_factory=list)
@@ -214,6 +215,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     error: str | None = None
     queued_seconds: float | None = None  # on a request's first event: how long it waited
+    cached_tokens: int | None = None  # on a request's first event: prompt tokens the prefix cache supplied
     # The token's logprobs when asked; None for a token whose text is not output (EOS, a stop id).
     logprobs: TokenLogprobs | None = None
     # On the first event when `prompt_logprobs` was asked: each prompt token's (the first one's

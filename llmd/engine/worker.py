@@ -340,9 +340,10 @@ class EngineWorker:
             assert self.runner is not None
             self.runner.retire(request)
             self.finished += 1
-        queued = request.queued_seconds if len(request.output_ids) == 1 else None
-        return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued, logprobs=logprobs,
-                          prompt_logprobs=self._prompt_logprobs(request, result))
+        first = len(request.output_ids) == 1
+        queued, cached = (request.queued_seconds, request.cached_tokens) if first else (None, None)
+        return TokenEvent(text, len(request.output_ids), reason, queued_seconds=queued, cached_tokens=cached,
+                          logprobs=logprobs, prompt_logprobs=self._prompt_logprobs(request, result))
 
     def _logprobs(self, request: Request, result: StepResult) -> TokenLogprobs | None:
         """The token's logprobs with their text, when asked (not for an id that ended the request,

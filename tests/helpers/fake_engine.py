@@ -83,6 +83,7 @@ class FakeStream:
     prompt_ids: Sequence[int] = ()
     score: float = 0.0  # added to every fake logprob of this stream
     completion_tokens: int = 0
+    cached_tokens: int = 0  # a fake has no prefix cache
     closed: bool = False
     finished: bool = False
 

@@ -40,3 +40,4 @@ class AbandonedPrefills:
         seeded = self.prefix_cache.reseed(request.prompt_ids, request.prefilled, cache)
         if seeded != request.prefilled:
             self._prefilling[request.request_id], request.prefilled = cache, seeded
+            request.cached_tokens = seeded

@@ -151,7 +151,7 @@ class ModelRunner(AbandonedPrefills):
         if request.request_id not in self._prefilling:
             cache = self._own_cache(request)
             if request.params.prompt_logprobs is None:  # a scored prompt computes every position
-                request.prefilled = self.prefix_cache.seed(request.prompt_ids, cache)
+                request.prefilled = request.cached_tokens = self.prefix_cache.seed(request.prompt_ids, cache)
         return self._prefilling[request.request_id]
 
     def _own_cache(self, request: Request) -> DynamicCache:
