@@ -23,6 +23,7 @@ import uvicorn
 
 from llmd.api.app import create_app
 from llmd.api.connection import connection_protocol
+from llmd.api.responses.store import store_from_settings
 from llmd.config import API_KEY_ENV, Profile, Settings, api_keys
 from llmd.engine.client import EngineClient
 from llmd.preflight.plan import MemoryPlan
@@ -41,6 +42,9 @@ STOP_NOW_GRACE = 1.0
 async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str, plan: MemoryPlan) -> int:
     """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
     notifier = Notifier.from_environ()
+    responses = await asyncio.to_thread(store_from_settings, settings)  # a bad file fails before the load
+    if responses is not None:
+        log.info("stored responses: %s", responses.path)
     notifier.status(f"loading {model_id} ({profile.name})")
     engine = build_engine(model_dir, profile, plan.context, settings.fim_template)
     metrics = build_metrics(engine)
@@ -60,7 +64,8 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
 
     keys = api_keys(settings, os.environ)
     warn_if_exposed(settings, keys)
-    app = create_app(engine, metrics, settings, model_id, keys, context_length=engine.max_context)
+    app = create_app(engine, metrics, settings, model_id, keys, context_length=engine.max_context,
+                     responses=responses)
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
@@ -86,6 +91,8 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
         watcher.cancel()
         announcer.cancel()
         await engine.shutdown()
+        if responses is not None:
+            responses.close()
         if watchdog is not None:
             watchdog.stop()
     return 1 if engine.failed is not None and engine.failed.done() else 0

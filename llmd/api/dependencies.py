@@ -1,6 +1,7 @@
-"""What handlers are handed by Litestar's dependency injection: the engine, the metrics, the served model.
+"""What handlers are handed by Litestar's dependency injection: the engine, the metrics, the served
+model, the stored responses.
 
-A handler names a parameter `engine`, `metrics` or `served` with the matching type below; the
+A handler names a parameter `engine`, `metrics`, `served` or `responses` with the matching type below; the
 app provides the same objects to every request. They are not validated per request: the
 factory's caller passes them once, typed.
 """
@@ -13,6 +14,7 @@ from typing import TypeVar
 from litestar.di import Provide
 from litestar.params import SkipValidation
 
+from llmd.api.responses.store import ResponseStore
 from llmd.engine.client import Engine
 from llmd.service.metrics import Metrics
 
@@ -32,11 +34,14 @@ class ServedModel:
 InjectedEngine = SkipValidation[Engine]
 InjectedMetrics = SkipValidation[Metrics]
 InjectedModel = SkipValidation[ServedModel]
+InjectedStore = SkipValidation[ResponseStore | None]  # None: storing responses is off
 
 
-def collaborators(engine: Engine, metrics: Metrics, served: ServedModel) -> dict[str, Provide]:
+def collaborators(engine: Engine, metrics: Metrics, served: ServedModel,
+                  responses: ResponseStore | None = None) -> dict[str, Provide]:
     """The app's `dependencies`: each handler parameter name and what it is given."""
-    return {"engine": provide(engine), "metrics": provide(metrics), "served": provide(served)}
+    return {"engine": provide(engine), "metrics": provide(metrics), "served": provide(served),
+            "responses": provide(responses)}
 
 
 def provide(value: T) -> Provide:

@@ -9,8 +9,8 @@ ends an OpenAI stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import msgspec
 from litestar.response import Stream
@@ -31,18 +31,40 @@ _encoder = msgspec.json.Encoder()
 Payload = msgspec.Struct | dict[str, Any]  # a wire Struct, or llama.cpp's `response_fields` pick of one
 
 
+class TypedEvent(Protocol):
+    """A Responses stream event: a wire Struct whose `type` names it."""
+
+    @property
+    def type(self) -> str: ...
+
+
 def event(payload: Payload) -> bytes:
     """One SSE `data:` event carrying `payload` as JSON."""
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
+def named_event(payload: TypedEvent) -> bytes:
+    """One SSE event named by the payload's `type`, carrying it as JSON."""
+    return b"event: " + payload.type.encode() + b"\ndata: " + _encoder.encode(payload) + b"\n\n"
+
+
 async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
                 done: bool = True) -> AsyncIterator[bytes]:
     """SSE bytes for `chunks`, ending in `[DONE]` (unless not `done`) whether or not they fail midway."""
+    async for piece in framed(chunks, event, error_body, count_error):
+        yield piece
+    if done:
+        yield DONE
+
+
+async def framed(chunks: AsyncIterator[Any], encode: Callable[[Any], bytes],
+                 failed: Callable[[LlmdError], Any], count_error: ErrorCounter | None
+                 ) -> AsyncIterator[bytes]:
+    """`chunks` encoded one by one; a failure midway ends them with `failed`'s event (counted)."""
     failure: LlmdError | None = None
     try:
         async for chunk in chunks:
-            yield event(chunk)
+            yield encode(chunk)
     except LlmdError as exc:
         failure = exc
     except Exception as exc:
@@ -51,9 +73,7 @@ async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None
     if failure is not None:
         if count_error is not None:
             count_error(failure.code or failure.error_type)
-        yield event(error_body(failure))
-    if done:
-        yield DONE
+        yield encode(failed(failure))
 
 
 def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
@@ -64,3 +84,11 @@ def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | Non
     with their last event (`stop: true`), and its clients do not expect one.
     """
     return Stream(frame(chunks, count_error, done), media_type="text/event-stream", headers=HEADERS)
+
+
+def named_sse_response(events: AsyncIterator[TypedEvent], failed: Callable[[LlmdError], TypedEvent],
+                       count_error: ErrorCounter | None = None) -> Stream:
+    """A `text/event-stream` of named events (the Responses API's); a failure midway ends it with
+    `failed`'s event, and nothing follows the last event."""
+    body = framed(events, named_event, failed, count_error)
+    return Stream(body, media_type="text/event-stream", headers=HEADERS)

@@ -12,6 +12,7 @@ import openai
 from litestar.testing import TestClient
 
 from llmd.api.app import create_app
+from llmd.api.responses.store import ResponseStore
 from llmd.config import Settings
 from llmd.service.metrics import Metrics
 from tests.helpers.fake_engine import FakeEngine
@@ -27,11 +28,14 @@ ERROR_FIELDS = {"message", "type", "param", "code"}
 
 @contextmanager
 def served(engine: FakeEngine | None = None, settings: Settings | None = None,
-           keys: frozenset[str] = frozenset(), metrics: Metrics | None = None) -> Iterator[TestClient]:
-    """A test client of the app around `engine` (a default fake unless given)."""
+           keys: frozenset[str] = frozenset(), metrics: Metrics | None = None,
+           responses: ResponseStore | None = None) -> Iterator[TestClient]:
+    """A test client of the app around `engine` (a default fake unless given), storing responses in
+    `responses` when given."""
     engine = engine if engine is not None else FakeEngine()
     metrics = metrics if metrics is not None else Metrics(engine_stats=engine.stats)
-    app = create_app(engine, metrics, settings or Settings(), MODEL, keys, context_length=engine.max_context)
+    app = create_app(engine, metrics, settings or Settings(), MODEL, keys, context_length=engine.max_context,
+                     responses=responses)
     with TestClient(app, base_url=BASE_URL) as client:
         yield client
 

@@ -1,0 +1,160 @@
+"""`POST /v1/responses`: read the input (and the stored conversation it continues), run it as a
+chat, stream or return the response, store it.
+
+The response runs on the chat path (`api/chat.py`'s `prepared`: template, tools, grammar, reply
+reading), so both endpoints generate the same tokens for the same conversation. A stored
+response is saved before its last event is sent: a client may continue from it at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import msgspec
+from litestar import Request, post
+from litestar import Response as HttpResponse
+from litestar.response import Stream
+
+from llmd.api.chat import CompletionMeta, check_model, prepared, reply_deltas
+from llmd.api.choices import unless_disconnected
+from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel, InjectedStore
+from llmd.api.responses.as_chat import chat_request, responses_params
+from llmd.api.responses.events import ResponseEvents, new_id
+from llmd.api.responses.inputs import chat_messages, parse_items, stored_item
+from llmd.api.responses.request import function_tools, parse_request, tool_choice
+from llmd.api.responses.store import ResponseStore, StoredResponse
+from llmd.api.sse import named_sse_response
+from llmd.engine.client import Engine, TokenStream
+from llmd.engine.types import SamplingParams
+from llmd.errors import InvalidRequest
+from llmd.response_events import StreamEvent
+from llmd.response_object import (
+    InputTokensDetails,
+    OutputTokensDetails,
+    ReasoningEcho,
+    Response,
+    ResponseUsage,
+    TextEcho,
+)
+from llmd.responses_protocol import InputItem, ResponsesRequest, TextFormatText
+
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class ResponsePlan:
+    """A response ready to run: its prompt and sampling, how its reply is read, its events, and
+    what is stored of it (None when it is not stored)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    meta: CompletionMeta
+    events: ResponseEvents
+    stored_input: list[dict[str, object]] | None
+
+
+@post("/v1/responses", status_code=200)
+async def create_response(request: Request, engine: InjectedEngine, metrics: InjectedMetrics,
+                          served: InjectedModel, responses: InjectedStore) -> HttpResponse[Response] | Stream:
+    """Generate one response, streamed as named SSE events when `stream` is true."""
+    body = parse_request(await request.body())
+    check_model(body.model, served.id)
+    plan = await planned(engine, responses, body)
+    stream = engine.submit(plan.prompt_ids, plan.params)
+    events = generated(stream, plan, responses)
+    if body.stream:
+        return named_sse_response(events, plan.events.fail, metrics.observe_error)
+    await unless_disconnected(request, drained(events))
+    return HttpResponse(plan.events.response)
+
+
+async def planned(engine: Engine, store: ResponseStore | None, body: ResponsesRequest) -> ResponsePlan:
+    """Everything the response needs before it is submitted; every refusal is raised here."""
+    tools, choice = function_tools(body.tools), tool_choice(body.tool_choice)
+    items = parse_items(body.input)
+    history = await conversation(store, body.previous_response_id)
+    messages = chat_messages(body.instructions, history + items)
+    with responses_params():
+        prompt_ids, params, meta = await prepared(engine, chat_request(body, tools, choice, messages))
+    storing = store is not None and body.store is not False
+    response = Response(
+        id=new_id("resp"), created_at=meta.created, status="in_progress", instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens, metadata=body.metadata or {}, model=body.model, output=[],
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        previous_response_id=body.previous_response_id,
+        reasoning=ReasoningEcho(body.reasoning.effort if body.reasoning else None,
+                                body.reasoning.summary if body.reasoning else None),
+        store=storing, temperature=1.0 if body.temperature is None else body.temperature,
+        text=TextEcho(body.text.format or TextFormatText(), body.text.verbosity) if body.text else TextEcho(
+            TextFormatText()),
+        tool_choice=choice, tools=tools, top_p=1.0 if body.top_p is None else body.top_p, user=body.user)
+    return ResponsePlan(prompt_ids, params, meta, ResponseEvents(response),
+                        [stored_item(item) for item in items] if storing else None)
+
+
+async def conversation(store: ResponseStore | None, previous_id: str | None) -> list[InputItem]:
+    """The items of the stored conversation `previous_id` ends (its inputs and outputs, oldest first)."""
+    if previous_id is None:
+        return []
+    if store is None:
+        raise InvalidRequest("`previous_response_id` needs stored responses, and storing is off in this "
+                             "daemon's settings (`store_responses`)", param="previous_response_id")
+    found = await store.conversation(previous_id)
+    if found is None:
+        raise InvalidRequest(f"Previous response with id '{previous_id}' not found.",
+                             param="previous_response_id", code="previous_response_not_found")
+    if not found.complete:
+        raise InvalidRequest(f"an earlier response of the conversation '{previous_id}' continues is no "
+                             "longer stored (deleted, or past the store's bounds)",
+                             param="previous_response_id", code="previous_response_not_found")
+    items: list[InputItem] = []
+    for record in found.records:
+        for part in (record.input_items, record.output_items):
+            items += parse_items(msgspec.json.decode(part), "previous_response_id")
+    return items
+
+
+async def generated(stream: TokenStream, plan: ResponsePlan, store: ResponseStore | None
+                    ) -> AsyncIterator[StreamEvent]:
+    """The response's events as its reply is generated; it is stored before the last one."""
+    events, parser = plan.events, plan.meta.parser() if plan.meta.shape.parsed else None
+    with stream:
+        for started in events.start():
+            yield started
+        async for event in stream:
+            for delta in reply_deltas(parser, event):
+                for piece in events.take(delta):
+                    yield piece
+            if event.finish_reason is not None:
+                reasoning = parser.reasoning_tokens if parser is not None else 0
+                cut = event.finish_reason.value == "length"
+                finished = events.finish(usage(plan, stream, reasoning), cut)
+                await save(store, plan)
+                for piece in finished:
+                    yield piece
+
+
+def usage(plan: ResponsePlan, stream: TokenStream, reasoning_tokens: int) -> ResponseUsage:
+    """The response's token accounting: the prompt (and what the prefix cache held of it), the output."""
+    prompt, output = plan.meta.prompt_tokens, stream.completion_tokens
+    return ResponseUsage(prompt, InputTokensDetails(stream.cached_tokens), output,
+                         OutputTokensDetails(reasoning_tokens), prompt + output)
+
+
+async def save(store: ResponseStore | None, plan: ResponsePlan) -> None:
+    """Store the finished response with its input, unless it is not stored."""
+    if store is None or plan.stored_input is None:
+        return
+    response = plan.events.response
+    await store.save(StoredResponse(
+        id=response.id, created_at=time.time(), previous_id=response.previous_response_id,
+        response=_encoder.encode(response), input_items=_encoder.encode(plan.stored_input),
+        output_items=_encoder.encode(response.output)))
+
+
+async def drained(events: AsyncIterator[StreamEvent]) -> None:
+    """Run a response to its end without sending its events (a response that is not streamed)."""
+    async for _ in events:
+        pass
