@@ -18,10 +18,20 @@ from llmd.errors import EngineFailure
 from tests.helpers.api_client import MODEL, openai_error, sdk, served
 from tests.helpers.fake_engine import FakeEngine
 
-CALL = ("Checking.", "<tool_call>", '\n{"name": "get_weather", "arguments": ', '{"city": "Seoul"}', "}\n",
-        "</tool_call>")
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather now",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+CALL = (
+    "Checking.",
+    "<tool_call>",
+    '\n{"name": "get_weather", "arguments": ',
+    '{"city": "Seoul"}',
+    "}\n",
+    "</tool_call>",
+)
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 HERMES_MODEL = ChatFormat(HERMES, None, template_renders_tools=True)
 THINKING_MODEL = ChatFormat(HERMES, ReasoningMarkers(), template_renders_tools=True)
 
@@ -54,15 +64,25 @@ def events(response: httpx.Response) -> list[dict[str, Any]]:
 
 def test_a_response_carries_its_text_usage_and_the_settings_it_ran_with() -> None:
     with served(FakeEngine(pieces=("Hel", "lo"))) as client:
-        body = post(client, instructions="Be brief.", max_output_tokens=50, temperature=0.5,
-                    metadata={"k": "v"}, store=False).json()
+        body = post(
+            client,
+            instructions="Be brief.",
+            max_output_tokens=50,
+            temperature=0.5,
+            metadata={"k": "v"},
+            store=False,
+        ).json()
     assert body["object"] == "response" and body["id"].startswith("resp_") and body["status"] == "completed"
     [message] = body["output"]
     assert (message["type"], message["role"], message["status"]) == ("message", "assistant", "completed")
     assert message["content"] == [{"annotations": [], "text": "Hello", "type": "output_text", "logprobs": []}]
-    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0},
-                             "output_tokens": 2, "output_tokens_details": {"reasoning_tokens": 0},
-                             "total_tokens": 9}
+    assert body["usage"] == {
+        "input_tokens": 7,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 2,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 9,
+    }
     assert (body["instructions"], body["max_output_tokens"], body["temperature"]) == ("Be brief.", 50, 0.5)
     assert body["metadata"] == {"k": "v"} and body["store"] is False
     assert body["text"]["format"] == {"type": "text"}
@@ -72,13 +92,28 @@ def test_input_items_reach_the_template_as_one_chat() -> None:
     engine = FakeEngine(pieces=("ok",), chat_format=HERMES_MODEL)
     items = [
         {"role": "developer", "content": "Use tools."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "},
-                                                        {"type": "input_text", "text": "Seoul?"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Weather in "},
+                {"type": "input_text", "text": "Seoul?"},
+            ],
+        },
         {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "need a call"}]},
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-         "content": [{"type": "output_text", "text": "Checking.", "annotations": [], "logprobs": []}]},
-        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
-         "arguments": '{"city": "Seoul"}'},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Checking.", "annotations": [], "logprobs": []}],
+        },
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Seoul"}',
+        },
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
     ]
     with served(engine) as client:
@@ -87,9 +122,18 @@ def test_input_items_reach_the_template_as_one_chat() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "developer", "content": "Use tools."},
         {"role": "user", "content": "Weather in Seoul?"},
-        {"role": "assistant", "content": "Checking.", "reasoning_content": "need a call",
-         "tool_calls": [{"id": "call_1", "type": "function",
-                         "function": {"name": "get_weather", "arguments": {"city": "Seoul"}}}]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "need a call",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Seoul"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
     ]
     offered = engine.templates[0].tools
@@ -102,10 +146,17 @@ def test_the_stream_sends_openais_events_in_order_and_the_sdk_assembles_them() -
         with sdk(client).responses.stream(model=MODEL, input="Hi", store=False) as stream:
             final = stream.get_final_response()
     assert [e["type"] for e in raw] == [
-        "response.created", "response.in_progress", "response.output_item.added",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
         "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed"]
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e["sequence_number"] for e in raw] == list(range(len(raw)))
     assert [e["delta"] for e in raw if e["type"] == "response.output_text.delta"] == ["Hel", "lo"]
     assert raw[-1]["response"]["output"][0]["content"][0]["text"] == "Hello"
@@ -146,8 +197,11 @@ def test_thinking_is_a_reasoning_item_before_the_message() -> None:
     assert message["content"][0]["text"] == "Yes"
     assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] == 4
     kinds = [e["type"] for e in raw]
-    assert kinds[2:5] == ["response.output_item.added", "response.reasoning_summary_part.added",
-                          "response.reasoning_summary_text.delta"]
+    assert kinds[2:5] == [
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+    ]
     assert kinds.index("response.reasoning_summary_part.done") < kinds.index("response.content_part.added")
 
 
@@ -180,28 +234,42 @@ def test_json_schema_text_format_becomes_the_grammar() -> None:
     assert body["text"]["format"] == format_ | {"description": None}
 
 
-@pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
-    ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0].type"),
-    ({"input": [{"type": "computer_call", "id": "c"}]}, "input[0].type"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]},
-     "input[0].arguments"),
-    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"),
-    ({"frequency_penalty": 1.0}, "frequency_penalty"),
-    ({"text": {"format": {"type": "json_schema", "name": "A", "schema": {"type": "string", "not": {}}}}},
-     "text.format.schema"),
-    ({"max_output_tokens": 10_000}, "input"),
-    ({"previous_response_id": "resp_missing"}, "previous_response_id"),
-])
-def test_what_cannot_be_served_is_a_400_naming_the_responses_field(fields: dict[str, Any],
-                                                                    param: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
+        ({"tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"type": "computer_call", "id": "c"}]}, "input[0].type"),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]},
+            "input[0].arguments",
+        ),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"frequency_penalty": 1.0}, "frequency_penalty"),
+        (
+            {
+                "text": {
+                    "format": {"type": "json_schema", "name": "A", "schema": {"type": "string", "not": {}}}
+                }
+            },
+            "text.format.schema",
+        ),
+        ({"max_output_tokens": 10_000}, "input"),
+        ({"previous_response_id": "resp_missing"}, "previous_response_id"),
+    ],
+)
+def test_what_cannot_be_served_is_a_400_naming_the_responses_field(
+    fields: dict[str, Any], param: str
+) -> None:
     with served(FakeEngine(chat_format=HERMES_MODEL)) as client:
         response = post(client, **fields)
     error = response.json()["error"]
@@ -223,9 +291,11 @@ def test_a_stored_response_is_read_back_listed_continued_and_deleted(store: Resp
     assert fetched == first and first["store"] is True
     assert [item["content"] for item in listed["data"]] == [[{"type": "input_text", "text": "one"}]]
     assert listed["first_id"] == listed["data"][0]["id"] and listed["has_more"] is False
-    assert engine.encoded[1] == [{"role": "user", "content": "one"},
-                                 {"role": "assistant", "content": "Hello"},
-                                 {"role": "user", "content": "two"}]
+    assert engine.encoded[1] == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "two"},
+    ]
     assert deleted == {"id": first["id"], "object": "response", "deleted": True}
     assert openai_error(gone, 404)["param"] == "response_id"
     assert openai_error(broken, 400, "previous_response_not_found")["param"] == "previous_response_id"
