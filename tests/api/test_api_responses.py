@@ -316,3 +316,21 @@ def test_without_a_store_previous_response_id_is_refused_and_nothing_is_found() 
     assert openai_error(continued, 400)["param"] == "previous_response_id"
     assert openai_error(looked, 404)["message"] == "Response with id 'resp_x' not found."
     assert body["store"] is False
+
+
+def test_an_item_reference_stands_for_the_stored_item_it_names(store: ResponseStore) -> None:
+    engine = FakeEngine(pieces=("Hel", "lo"))
+    with served(engine, responses=store) as client:
+        first = post(client, input="one").json()
+        reference = {"type": "item_reference", "id": first["output"][0]["id"]}
+        again = post(
+            client, input=[{"role": "user", "content": "one"}, reference, {"role": "user", "content": "two"}]
+        )
+        unknown = post(client, input=[{"type": "item_reference", "id": "msg_nope"}])
+    assert again.status_code == 200, again.text
+    assert engine.encoded[1] == [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "two"},
+    ]
+    assert openai_error(unknown, 400)["param"] == "input[0].id"

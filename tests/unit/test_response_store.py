@@ -341,3 +341,19 @@ def test_the_store_from_settings(tmp_path: Path) -> None:
     assert store is not None
     store.close()
     assert store.path == path and store.limits == StoreLimits(max_age=60.0, max_count=7, max_bytes=2 * 2**20)
+
+
+def test_a_stored_item_is_found_by_its_id_until_its_response_goes(store: ResponseStore) -> None:
+    save_all(store, record("resp_a"), record("resp_b", inputs=[{"id": "in_b", "type": "message", "n": 2}]))
+    assert run(store.item("out_resp_a")) == {"id": "out_resp_a"}
+    assert run(store.item("in_b")) == {"id": "in_b", "type": "message", "n": 2}
+    assert run(store.item("nope")) is None
+    assert run(store.delete("resp_a"))
+    assert run(store.item("out_resp_a")) is None and run(store.item("out_resp_b")) == {"id": "out_resp_b"}
+
+
+def test_an_item_given_again_is_found_in_the_newer_response(store: ResponseStore) -> None:
+    save_all(store, record("resp_a"), record("resp_b", inputs=[{"id": "out_resp_a", "echoed": True}]))
+    assert run(store.item("out_resp_a")) == {"id": "out_resp_a", "echoed": True}
+    assert run(store.delete("resp_b"))
+    assert run(store.item("out_resp_a")) == {"id": "out_resp_a"}  # the older response still holds it

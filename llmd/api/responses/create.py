@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from litestar import Request, post
@@ -73,7 +74,7 @@ async def create_response(request: Request, engine: InjectedEngine, metrics: Inj
 async def planned(engine: Engine, store: ResponseStore | None, body: ResponsesRequest) -> ResponsePlan:
     """Everything the response needs before it is submitted; every refusal is raised here."""
     tools, choice = function_tools(body.tools), tool_choice(body.tool_choice)
-    items = parse_items(body.input)
+    items = parse_items(await referenced(store, body.input))
     history = await conversation(store, body.previous_response_id)
     messages = chat_messages(body.instructions, history + items)
     with responses_params():
@@ -92,6 +93,25 @@ async def planned(engine: Engine, store: ResponseStore | None, body: ResponsesRe
         tool_choice=choice, tools=tools, top_p=1.0 if body.top_p is None else body.top_p, user=body.user)
     return ResponsePlan(prompt_ids, params, meta, ResponseEvents(response),
                         [stored_item(item) for item in items] if storing else None)
+
+
+async def referenced(store: ResponseStore | None, raw: str | list[dict[str, Any]]
+                     ) -> str | list[dict[str, Any]]:
+    """`input` with each `item_reference` replaced by the stored item it names (the Vercel AI SDK
+    sends earlier replies so when they are stored); an id no stored item has is a 400 naming it."""
+    if isinstance(raw, str) or all(item.get("type") != "item_reference" for item in raw):
+        return raw
+    out = []
+    for i, item in enumerate(raw):
+        if item.get("type") == "item_reference":
+            item_id = item.get("id")
+            found = await store.item(item_id) if store is not None and isinstance(item_id, str) else None
+            if found is None:
+                raise InvalidRequest(f"`input[{i}]` refers to the item '{item_id}', which no stored response "
+                                     "holds", param=f"input[{i}].id")
+            item = found
+        out.append(item)
+    return out
 
 
 async def conversation(store: ResponseStore | None, previous_id: str | None) -> list[InputItem]:

@@ -4,7 +4,8 @@ written down as they are stored and listed.
 `input` is a string (one user message) or a list of items: messages (`user`, `system`,
 `developer` with text or `input_text` parts; `assistant` with `output_text` or `refusal` parts),
 `function_call` (an earlier reply's call), `function_call_output` (its result) and `reasoning`
-(an earlier reply's thinking). Consecutive assistant-side items (thinking, text, calls) are one
+(an earlier reply's thinking); an `item_reference` has been replaced by the stored item it names
+before these are read (`api/responses/create.py`). Consecutive assistant-side items (thinking, text, calls) are one
 assistant turn, as the chat template expects it: its text, its `tool_calls`, its
 `reasoning_content`. Any other item or part kind is a 400 naming its `type`.
 

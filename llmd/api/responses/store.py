@@ -1,10 +1,11 @@
 """Stored responses (`store: true`): one SQLite file under the state directory, kept across restarts.
 
 One row per response holds its JSON (as GET /v1/responses/{id} returns it), its own input items and
-its output items; `previous_id` links a row to the response it continued, and one recursive query
-walks those links back into a conversation. The store is bounded by age, count and bytes, the oldest
-rows going first; a deleted or dropped link leaves the later responses in place, their conversation
-marked incomplete. sqlite3 blocks, so one worker thread owns the connection and every call.
+its output items (each item's id indexed, for `item_reference` inputs); `previous_id` links a row to
+the response it continued, and one recursive query walks those links back into a conversation. The
+store is bounded by age, count and bytes, the oldest rows going first; a deleted or dropped link leaves
+the later responses in place, their conversation marked incomplete. sqlite3 blocks, so one worker
+thread owns the connection and every call.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ CREATE TABLE responses (
     output_items BLOB NOT NULL
 );
 CREATE INDEX responses_by_age ON responses (created_at);
+CREATE TABLE items (
+    id TEXT NOT NULL,
+    response_id TEXT NOT NULL,
+    PRIMARY KEY (id, response_id)
+);
+CREATE INDEX items_by_response ON items (response_id);
+CREATE TRIGGER items_go_with_their_response AFTER DELETE ON responses
+BEGIN DELETE FROM items WHERE response_id = old.id; END;
 PRAGMA application_id = {APPLICATION_ID};
 PRAGMA user_version = {SCHEMA_VERSION};
 COMMIT;
@@ -67,6 +76,12 @@ WITH RECURSIVE chain(id, previous_id, depth) AS (
 links(id, depth) AS (SELECT id, MIN(depth) FROM chain GROUP BY id)
 SELECT r.id, r.created_at, r.previous_id, r.response, r.input_items, r.output_items
 FROM links JOIN responses AS r ON r.id = links.id ORDER BY links.depth DESC
+"""
+
+# The newest kept response holding the item :id (an echoed item is held by every response it was given to).
+_ITEM_HOLDER = f"""
+SELECT r.id FROM items AS i JOIN responses AS r ON r.id = i.response_id WHERE i.id = ? AND r.created_at >= ?
+{_NEWEST_FIRST.replace("created_at", "r.created_at").replace("rowid", "r.rowid")} LIMIT 1
 """
 
 T = TypeVar("T")
@@ -214,6 +229,10 @@ class ResponseStore:
         records = await self._call(self._chain, response_id, self._clock())
         return Conversation(records, complete_chain(records)) if records else None
 
+    async def item(self, item_id: str) -> dict[str, Any] | None:
+        """The stored input or output item `item_id` (an `item_reference` names it); None when unknown."""
+        return await self._call(self._item, item_id, self._clock())
+
     async def input_items(self, response_id: str, *, limit: int, order: Literal["asc", "desc"],
                           after: str | None, before: str | None) -> ItemPage | None:
         """A page of the response's own input items (see `page_items`); None when the id is unknown."""
@@ -266,6 +285,8 @@ class ResponseStore:
                 self._connection.execute(
                     f"INSERT INTO responses ({_COLUMNS}, size) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (*astuple(record), size))
+                self._connection.executemany("INSERT OR IGNORE INTO items (id, response_id) VALUES (?, ?)",
+                                             [(item_id, record.id) for item_id in item_ids(record)])
             self._prune(self._connection, now)
 
     def _get(self, response_id: str, now: float) -> StoredResponse | None:
@@ -285,10 +306,17 @@ class ResponseStore:
             _CHAIN, {"id": response_id, "oldest": self._oldest(now), "max_depth": self.limits.max_count})
         return [StoredResponse(*row) for row in rows]
 
+    def _item(self, item_id: str, now: float) -> dict[str, Any] | None:
+        row = self._connection.execute(_ITEM_HOLDER, (item_id, self._oldest(now))).fetchone()
+        record = self._get(row[0], now) if row is not None else None
+        if record is None:
+            return None
+        items = [*decoded_items(record.input_items), *decoded_items(record.output_items)]
+        return next((item for item in items if item.get("id") == item_id), None)
+
     def _input_items(self, response_id: str, now: float) -> list[dict[str, Any]] | None:
         record = self._get(response_id, now)
-        return None if record is None else msgspec.json.decode(record.input_items,
-                                                               type=list[dict[str, Any]])
+        return None if record is None else decoded_items(record.input_items)
 
     def _prune(self, connection: sqlite3.Connection, now: float) -> None:
         bounds = {"oldest": self._oldest(now), "max_count": self.limits.max_count}
@@ -299,6 +327,17 @@ class ResponseStore:
     def _oldest(self, now: float) -> float:
         """The earliest `created_at` still kept."""
         return now - self.limits.max_age
+
+
+def decoded_items(blob: bytes) -> list[dict[str, Any]]:
+    """A stored JSON array of items."""
+    return msgspec.json.decode(blob, type=list[dict[str, Any]])
+
+
+def item_ids(record: StoredResponse) -> list[str]:
+    """The ids of a record's input and output items (an item without one cannot be referenced)."""
+    items = [*decoded_items(record.input_items), *decoded_items(record.output_items)]
+    return [item["id"] for item in items if isinstance(item.get("id"), str)]
 
 
 def create_file(path: Path) -> None:
