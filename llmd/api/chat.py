@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, Response, post
@@ -55,6 +55,7 @@ from llmd.protocol import (
 )
 from llmd.validation import split_validation_error
 
+T = TypeVar("T")
 _decoder = msgspec.json.Decoder(ChatCompletionRequest)
 PLAIN_REPLY = ReplyShape()  # no tools, no thinking: the text is the content
 
@@ -138,6 +139,16 @@ def parse_body(raw: bytes) -> ChatCompletionRequest:
         raise InvalidRequest("`top_logprobs` needs `logprobs` set to true", param="top_logprobs")
     log_ignored(body)
     return body
+
+
+def decoded(decoder: msgspec.json.Decoder[T], raw: bytes) -> T:
+    """The body decoded and validated; a malformed one is a 400 naming the field (`validation_error`)."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
 
 
 def validation_error(message: str) -> InvalidRequest:

@@ -19,7 +19,7 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from llmd.api.chat import check_model, validation_error
+from llmd.api.chat import check_model, decoded
 from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
@@ -98,12 +98,7 @@ async def create_completion(
 
 def parse_completion_body(raw: bytes) -> CompletionRequest:
     """Decode and validate the body; every failure names its param."""
-    try:
-        body = _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    body = decoded(_decoder, raw)
     check_options(body)
     return body
 

@@ -5,9 +5,9 @@ written down as they are stored and listed.
 `developer` with text or `input_text` parts; `assistant` with `output_text` or `refusal` parts),
 `function_call` (an earlier reply's call), `function_call_output` (its result) and `reasoning`
 (an earlier reply's thinking); an `item_reference` has been replaced by the stored item it names
-before these are read (`api/responses/create.py`). Consecutive assistant-side items (thinking, text, calls) are one
-assistant turn, as the chat template expects it: its text, its `tool_calls`, its
-`reasoning_content`. Any other item or part kind is a 400 naming its `type`.
+before these are read (`api/responses/create.py`). Consecutive assistant-side items (thinking,
+text, calls) are one assistant turn, as the chat template expects it: its text, its `tool_calls`,
+its `reasoning_content`. Any other item or part kind is a 400 naming its `type`.
 
 The stored form of an item is OpenAI's listed form (an id on every item, text as parts), and it
 reads back as the same chat: continuing from a stored response renders the same tokens as sending

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from llmd.api.chat import validation_error
+from llmd.api.chat import decoded, validation_error
 from llmd.api.lenient import Refusal, refuse
 from llmd.errors import InvalidRequest
 from llmd.responses_protocol import (
@@ -37,12 +37,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 def parse_request(raw: bytes) -> ResponsesRequest:
     """Decode the body; a malformed one is a 400 naming the field, refused fields are one 400."""
-    try:
-        body = _decoder.decode(raw)
-    except msgspec.ValidationError as exc:
-        raise validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    body = decoded(_decoder, raw)
     refusals = unsupported(body)
     if refusals:
         raise refuse(refusals)
