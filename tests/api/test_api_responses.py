@@ -15,7 +15,7 @@ import pytest
 from llmd.api.responses.store import ResponseStore, StoreLimits
 from llmd.engine.tool_format import HERMES, ChatFormat, ReasoningMarkers
 from llmd.errors import EngineFailure
-from tests.helpers.api_client import MODEL, openai_error, sdk, served
+from tests.helpers.api_client import BASE_URL, MODEL, openai_error, sdk, served
 from tests.helpers.fake_engine import FakeEngine
 
 CALL = (
@@ -334,3 +334,47 @@ def test_an_item_reference_stands_for_the_stored_item_it_names(store: ResponseSt
         {"role": "user", "content": "two"},
     ]
     assert openai_error(unknown, 400)["param"] == "input[0].id"
+
+
+def test_langchain_with_the_responses_api_calls_a_tool_and_sends_its_result_back() -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    engine = FakeEngine(pieces=CALL, chat_format=HERMES_MODEL)
+    with served(engine) as client:
+        llm = ChatOpenAI(
+            model=MODEL,
+            base_url=f"{BASE_URL}/v1",
+            api_key="unused",
+            use_responses_api=True,
+            http_client=client,
+            max_retries=0,
+        ).bind_tools([get_weather])
+        called = llm.invoke("Weather in Seoul?")
+        streamed = list(llm.stream("Weather in Seoul?"))
+        result = ToolMessage(
+            get_weather.invoke(called.tool_calls[0]["args"]), tool_call_id=called.tool_calls[0]["id"]
+        )
+        llm.invoke([HumanMessage("Weather in Seoul?"), called, result])
+    assert [(call["name"], call["args"]) for call in called.tool_calls] == [
+        ("get_weather", {"city": "Seoul"})
+    ]
+    merged = streamed[0]
+    for piece in streamed[1:]:
+        merged += piece
+    assert [call["args"] for call in merged.tool_calls] == [{"city": "Seoul"}]  # type: ignore[attr-defined]
+    assert engine.encoded[-1][1]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": {"city": "Seoul"},
+    }
+    assert engine.encoded[-1][2] == {
+        "role": "tool",
+        "content": "sunny",
+        "tool_call_id": called.tool_calls[0]["id"],
+    }
