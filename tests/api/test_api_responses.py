@@ -340,6 +340,7 @@ def test_langchain_with_the_responses_api_calls_a_tool_and_sends_its_result_back
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
     @tool
     def get_weather(city: str) -> str:
@@ -351,7 +352,7 @@ def test_langchain_with_the_responses_api_calls_a_tool_and_sends_its_result_back
         llm = ChatOpenAI(
             model=MODEL,
             base_url=f"{BASE_URL}/v1",
-            api_key="unused",
+            api_key=SecretStr("unused"),
             use_responses_api=True,
             http_client=client,
             max_retries=0,
@@ -365,10 +366,10 @@ def test_langchain_with_the_responses_api_calls_a_tool_and_sends_its_result_back
     assert [(call["name"], call["args"]) for call in called.tool_calls] == [
         ("get_weather", {"city": "Seoul"})
     ]
-    merged = streamed[0]
+    merged: Any = streamed[0]
     for piece in streamed[1:]:
         merged += piece
-    assert [call["args"] for call in merged.tool_calls] == [{"city": "Seoul"}]  # type: ignore[attr-defined]
+    assert [call["args"] for call in merged.tool_calls] == [{"city": "Seoul"}]
     assert engine.encoded[-1][1]["tool_calls"][0]["function"] == {
         "name": "get_weather",
         "arguments": {"city": "Seoul"},
