@@ -85,6 +85,20 @@ def test_prompt_logprobs_cover_every_prompt_token_even_when_its_prefix_is_cached
         check_position(entry, expected[position - 1], 2)
 
 
+def test_a_streams_cached_tokens_say_how_much_of_its_prompt_the_prefix_cache_held(tiny_model: Path) -> None:
+    async def body(engine: EngineClient, worker: EngineWorker) -> tuple[int, int, int]:
+        prompt = await engine.encode_chat(LONG_PROMPT)
+        counts = []
+        for _ in range(2):  # the first fills the prefix cache, the second reuses it
+            with engine.submit(prompt, greedy(2)) as stream:
+                [event async for event in stream]
+                counts.append(stream.cached_tokens)
+        return counts[0], counts[1], engine.stats().prefix_tokens_reused
+
+    first, second, reused = run_with_engine(tiny_model, body)
+    assert first == 0 and second == reused > 0
+
+
 def test_logit_bias_steers_its_own_row_and_leaves_its_neighbour_alone(tiny_model: Path) -> None:
     forced = 40
 
