@@ -41,6 +41,11 @@ class Daemon:
     def base_url(self) -> str:
         return f"{self.url}/v1"
 
+    @property
+    def home(self) -> Path:
+        """The daemon's LLMD_HOME, in the test's folder (`start_daemon`): its response store is here."""
+        return self.log_path.parent / "home"
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -58,10 +63,16 @@ class Daemon:
 def start_daemon(
     tmp: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
 ) -> Daemon:
-    """Start `llmd serve` on a free loopback port and wait until /ready says 200."""
+    """Start `llmd serve` on a free loopback port and wait until /ready says 200.
+
+    Its LLMD_HOME is `tmp/home`, so what it writes there (the response store) stays in the test's
+    folder; a STATE_DIRECTORY inherited from the caller (a test run under systemd) is dropped, since
+    it would win over LLMD_HOME. `env` may still set either.
+    """
     port = free_port()
     log_path = tmp / f"llmd-{port}.log"
-    env = os.environ | {"LLMD_HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1"} | (env or {})
+    inherited = {key: value for key, value in os.environ.items() if key != "STATE_DIRECTORY"}
+    env = inherited | {"LLMD_HOME": str(tmp / "home"), "PYTHONUNBUFFERED": "1"} | (env or {})
     command = [sys.executable, "-m", "llmd.cli", "serve", "--port", str(port), *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
