@@ -63,4 +63,10 @@ def translate_http_exception(request: Request, exc: HTTPException) -> LlmdError:
         return MethodNotAllowed(f"{request.method} is not allowed on {path}")
     if exc.status_code == 413:
         return PayloadTooLarge("the request body is larger than this server accepts")
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    problems = [problem for problem in extra if isinstance(problem, dict) and "key" in problem]
+    if problems:  # a query or path parameter that failed validation: name it
+        first = problems[0]
+        return InvalidRequest(f"invalid value for `{first['key']}`: {first.get('message', 'invalid')}",
+                              param=str(first["key"]))
     return InvalidRequest(str(exc.detail))

@@ -252,6 +252,10 @@ def test_json_schema_text_format_becomes_the_grammar() -> None:
             "input[0].arguments",
         ),
         ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "sunny"}]},
+            "input[0].call_id",
+        ),
         ({"background": True}, "background"),
         ({"truncation": "auto"}, "truncation"),
         ({"frequency_penalty": 1.0}, "frequency_penalty"),
@@ -379,3 +383,14 @@ def test_langchain_with_the_responses_api_calls_a_tool_and_sends_its_result_back
         "content": "sunny",
         "tool_call_id": called.tool_calls[0]["id"],
     }
+
+
+@pytest.mark.parametrize(
+    ("query", "param"), [("limit=101", "limit"), ("limit=x", "limit"), ("order=sideways", "order")]
+)
+def test_a_bad_page_query_is_a_400_naming_the_parameter(store: ResponseStore, query: str, param: str) -> None:
+    with served(FakeEngine(), responses=store) as client:
+        response_id = post(client).json()["id"]
+        listed = client.get(f"/v1/responses/{response_id}/input_items?{query}")
+    error = openai_error(listed, 400)
+    assert error["param"] == param and f"`{param}`" in error["message"]

@@ -23,7 +23,7 @@ from llmd.api.choices import unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel, InjectedStore
 from llmd.api.responses.as_chat import chat_request, responses_params
 from llmd.api.responses.events import ResponseEvents, new_id
-from llmd.api.responses.inputs import chat_messages, parse_items, stored_item
+from llmd.api.responses.inputs import chat_messages, check_call_outputs, parse_items, stored_item
 from llmd.api.responses.request import function_tools, parse_request, tool_choice
 from llmd.api.responses.store import ResponseStore, StoredResponse
 from llmd.api.sse import named_sse_response
@@ -76,6 +76,7 @@ async def planned(engine: Engine, store: ResponseStore | None, body: ResponsesRe
     tools, choice = function_tools(body.tools), tool_choice(body.tool_choice)
     items = parse_items(await referenced(store, body.input))
     history = await conversation(store, body.previous_response_id)
+    check_call_outputs(history, items)
     messages = chat_messages(body.instructions, history + items)
     with responses_params():
         prompt_ids, params, meta = await prepared(engine, chat_request(body, tools, choice, messages))

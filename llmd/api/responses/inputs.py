@@ -105,6 +105,18 @@ def check_arguments(arguments: str, param: str) -> None:
         raise InvalidRequest(f"`{param}` must be a JSON object", param=param)
 
 
+def check_call_outputs(history: list[InputItem], items: list[InputItem]) -> None:
+    """Every `function_call_output` must answer a call made before it (in the stored history or the
+    input), as OpenAI requires; else a 400 naming its `call_id`."""
+    called = {item.call_id for item in history if isinstance(item, FunctionCallItem)}
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            called.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in called:
+            raise InvalidRequest(f"No tool call found for function call output with call_id {item.call_id}.",
+                                 param=f"input[{i}].call_id")
+
+
 def parts_text(parts: str | list[ItemContent] | None) -> str:
     """An item's text: a string as it is, parts joined (a refusal part counts as its text)."""
     if parts is None or isinstance(parts, str):
