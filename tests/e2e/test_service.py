@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import socket
@@ -198,14 +199,20 @@ def test_metrics_parse_and_move_with_real_requests(daemon_with_metrics: str) -> 
     assert "llmd_gpu_memory_used_bytes[]" not in after  # CPU: no GPU series at all
 
 
+def load_seconds(metrics: str) -> float:
+    """The model load gauge's value (0 until the READY bookkeeping sets it)."""
+    found = re.search(r"^llmd_model_load_seconds (\S+)$", metrics, re.MULTILINE)
+    return float(found[1]) if found else 0.0
+
+
 @pytest.fixture(scope="module")
 def daemon_with_metrics(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("metrics")
     daemon = start_daemon(tmp, "--model", str(tiny_model), "--served-model-name", "tiny")
     wait_until_ready(daemon)
     # READY bookkeeping (load/warm-up gauges) runs just after /ready turns 200.
-    wait_until("the load gauge set", lambda: "llmd_model_load_seconds 0.0" not in
-               httpx.get(f"{daemon.url}/metrics", timeout=10).text)
+    wait_until("the load gauge set",
+               lambda: load_seconds(httpx.get(f"{daemon.url}/metrics", timeout=10).text) > 0)
     yield daemon.url
     assert daemon.stop() == 0, daemon.log()
 
