@@ -70,8 +70,22 @@ def caller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     assert daemon.stop() == 0, daemon.log()
 
 
+OPENED: list[openai.OpenAI] = []  # the clients a test made, closed when it ends
+
+
+@pytest.fixture(autouse=True)
+def close_clients() -> Iterator[None]:
+    """Close every client a test opened, so no keep-alive socket is left for the collector to find
+    in some later test (where its ResourceWarning would fail that test)."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
 def client(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0)
+    OPENED.append(sdk)
+    return sdk
 
 
 def stored_ids(daemon: Daemon) -> set[str]:
