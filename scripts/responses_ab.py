@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 APIS = ("chat", "responses")
-LOADS = {"c1": "C=1, 8 requests x 128 tokens", "c8": "C=8, 8 clients x 3 requests x 64 tokens"}
+LOADS = {"c1": "C=1, 128 tokens a request", "c8": "C=8 (8 clients), 64 tokens a request"}
 FIGURES = ("output_tokens_per_s", "ttft_ms_p50", "gap_ms_p50", "stream_decode_tokens_per_s_median")
 GATED = ("output_tokens_per_s", "ttft_ms_p50")  # the acceptance's two figures
 TOLERANCE = 0.05

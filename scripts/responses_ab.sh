@@ -5,7 +5,8 @@
 # machine's speed cancels in each pair's ratio), every run with this tree's client, after one
 # unmeasured pass of both loads through both APIs.
 # The plan is issue 15's (scripts/structured_ab.sh): C=8 is 8 clients x 3 requests x 64 tokens,
-# C=1 is 8 requests x 128 tokens; with --ignore-eos (IGNORE_EOS=0 drops it) so both APIs generate
+# C=1 is 8 requests x 128 tokens (C1_N and C8_N set other request counts; a longer run is a
+# steadier figure on a noisy host); with --ignore-eos (IGNORE_EOS=0 drops it) so both APIs generate
 # max tokens in every stream: the same work on either side of each ratio.
 # At the end scripts/responses_ab.py OUTDIR prints per round responses/chat ratios of out tok/s and
 # TTFT p50 (and gap p50, stream tok/s), their medians, and whether they are within 5 %.
@@ -47,8 +48,8 @@ bench() {  # NAME ARGS...: one `llmd bench --json` run into $OUT/NAME.json
 }
 
 EOS=(); [ "$IGNORE_EOS" = 1 ] && EOS=(--ignore-eos)
-C1=(-c 1 -n 8 --max-tokens 128)
-C8=(-c 8 -n 3 --max-tokens 64)
+C1=(-c 1 -n "${C1_N:-8}" --max-tokens 128)
+C8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
 
 # Unmeasured: each load once through each API first, so round 1's first side pays no more of the
 # server's one-time costs (compiles per batch size, first use of each route) than the others.
@@ -62,4 +63,5 @@ for r in $(seq 1 "$ROUNDS"); do
   for api in $apis; do bench "c8-$api-$r" "${C8[@]}" "${EOS[@]}" --api "$api"; done
 done
 stop
+echo "plan: C=1 ${C1_N:-8} requests x 128 tokens, C=8 8 clients x ${C8_N:-3} requests x 64 tokens"
 "$PY" "$TREE/scripts/responses_ab.py" "$OUT"

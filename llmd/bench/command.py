@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="send the same prompt every time")
     add("--api", choices=APIS, default="chat",
         help="chat: stream /chat/completions; responses: the same requests as OpenAI Responses "
-        "API streams to /responses (chat and schemas workloads only; default: chat)")
+        "API streams to /responses; both: alternately in one run (half the clients each, or every "
+        "other request at -c 1), reported per API too (chat and schemas workloads only; default: chat)")
     add("--ignore-eos", action="store_true", help='send "ignore_eos": true (vLLM, llama.cpp)')
     add("--warmup", type=_non_negative_int, default=1,
         help="unmeasured requests first (default: 1)")

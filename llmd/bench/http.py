@@ -25,7 +25,7 @@ from llmd.bench.sse import SSEEvent, SSEParser
 
 # Applies a network read's events to a stream's result, stopping at the one that ends it.
 Recorder = Callable[[StreamResult, Sequence[SSEEvent]], None]
-APIS = ("chat", "responses")
+APIS = ("chat", "responses", "both")  # both: alternately, in one run (`api_of`)
 
 
 class BenchError(Exception):
@@ -78,14 +78,18 @@ class HttpSession:
         return int(usage["prompt_tokens"])
 
     async def stream_chat(
-        self, prompt: str, response_format: Format | None = None, max_tokens: int | None = None
+        self, prompt: str, response_format: Format | None = None, max_tokens: int | None = None,
+        api: str | None = None,
     ) -> StreamResult:
-        """Stream one completion (under `response_format`, its text kept); every failure is
-        recorded in the result, never raised."""
-        result = StreamResult(sent=time.perf_counter(), text=None if response_format is None else [])
+        """Stream one completion (under `response_format`, its text kept) through `api` (the
+        session's unless given; "both" means chat); every failure is recorded in the result,
+        never raised."""
+        api = api or ("chat" if self.api == "both" else self.api)
+        result = StreamResult(sent=time.perf_counter(), text=None if response_format is None else [],
+                              api=api)
         tokens = self.max_tokens if max_tokens is None else max_tokens
         body = self.body(prompt, stream=True, max_tokens=tokens, response_format=response_format)
-        if self.api == "responses":
+        if api == "responses":
             await stream_into(result, self.client, PATH, responses_body(body), self.timeout,
                               record_response_events, END)
         else:
@@ -222,11 +226,22 @@ async def measure_once(
     mix = formats or SchemaMix(0)
 
     async def client_loop(client: int) -> list[StreamResult]:
-        return [await session.stream_chat(prompts.next(), mix.format_for(client))
-                for _ in range(requests)]
+        return [await session.stream_chat(prompts.next(), mix.format_for(client),
+                                          api=api_of(session.api, concurrency, client, index))
+                for index in range(requests)]
 
     per_client = await asyncio.gather(*(client_loop(client) for client in range(concurrency)))
     return [result for client in per_client for result in client]
+
+
+def api_of(api: str, concurrency: int, client: int, index: int) -> str:
+    """The API of client `client`'s `index`th request: the session's, or with "both" half the
+    clients each (odd ones on responses), or for one client every other request, so both APIs
+    see the same load at the same time."""
+    if api != "both":
+        return api
+    turn = index if concurrency == 1 else client
+    return "responses" if turn % 2 else "chat"
 
 
 async def calibrate_prompts(

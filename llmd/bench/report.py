@@ -11,7 +11,9 @@ from llmd.bench.edit_results import AutocompleteReport, AutocompleteRun
 from llmd.bench.results import BenchReport, RunReport
 from llmd.bench.schema_latency import SchemaReport, SchemaRun
 
-ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses"}  # what `--api` drives
+# what `--api` drives
+ENDPOINTS = {"chat": "/chat/completions", "responses": "/responses",
+             "both": "/chat/completions and /responses"}
 
 COLUMNS = (
     ("run", 0, "{}"),  # sized to the longest label

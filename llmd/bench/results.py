@@ -38,6 +38,7 @@ class StreamResult:
     finish_reason: str | None = None
     error: str | None = None
     text: list[str] | None = None  # the content's pieces, kept only for constrained requests
+    api: str = "chat"  # the API it went through: "chat" or "responses"
 
     @property
     def constrained(self) -> bool:
@@ -85,7 +86,8 @@ class RunReport:
     output_tokens_per_s: float | None
     stream_decode_tokens_per_s_median: float | None
     wall_s: float
-    share: str = "all"  # the run's requests it covers: "all", or only its "schema" or "plain" ones
+    share: str = "all"  # the run's requests it covers: "all", or only its "schema", "plain", "chat" or
+    # "responses" ones
     constrained: int = 0  # requests sent under a JSON schema
     json: JsonCounts | None = None  # their replies, where there were any
 
@@ -123,7 +125,7 @@ class BenchReport:
     median_output_tokens_per_s: dict[str, float | None]
     constrained_clients: int = 0
     schemas: list[str] = field(default_factory=list)
-    api: str | None = "chat"  # what the streams drove: "chat", "responses"; None in-process
+    api: str | None = "chat"  # what the streams drove: "chat", "responses", "both"; None in-process
 
 
 def summarize(
@@ -174,16 +176,21 @@ def summarize(
 
 
 def summarize_mix(label: str, repeat: int, results: Sequence[StreamResult]) -> list[RunReport]:
-    """The run's report; where it mixed constrained and plain requests, also one for each kind
-    (`LABEL schema`, `LABEL plain`), their rates over the whole run's wall, so they add up."""
+    """The run's report; where it mixed constrained and plain requests, or the two APIs
+    (`--api both`), also one for each kind (`LABEL schema`, `LABEL plain`; `LABEL chat`,
+    `LABEL responses`), their rates over the whole run's wall, so they add up."""
     whole = summarize(label, repeat, results)
-    schema = [result for result in results if result.constrained]
-    if not schema or len(schema) == len(results):
-        return [whole]
-    plain = [result for result in results if not result.constrained]
     wall = _wall(results)
-    return [whole, summarize(f"{label} schema", repeat, schema, ("schema", wall)),
-            summarize(f"{label} plain", repeat, plain, ("plain", wall))]
+    parts = [("schema", lambda r: r.constrained), ("plain", lambda r: not r.constrained),
+             ("chat", lambda r: r.api == "chat"), ("responses", lambda r: r.api == "responses")]
+    reports = [whole]
+    for (name, belongs), (other, _) in zip(parts[::2], parts[1::2], strict=True):
+        first = [result for result in results if belongs(result)]
+        second = [result for result in results if not belongs(result)]
+        if first and second:
+            reports += [summarize(f"{label} {name}", repeat, first, (name, wall)),
+                        summarize(f"{label} {other}", repeat, second, (other, wall))]
+    return reports
 
 
 def json_counts(results: Sequence[StreamResult]) -> JsonCounts | None:
