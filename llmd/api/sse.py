@@ -9,7 +9,7 @@ ends an OpenAI stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -86,9 +86,16 @@ def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | Non
     return Stream(frame(chunks, count_error, done), media_type="text/event-stream", headers=HEADERS)
 
 
-def named_sse_response(events: AsyncIterator[TypedEvent], failed: Callable[[LlmdError], TypedEvent],
+def named_events(batch: Sequence[TypedEvent]) -> bytes:
+    """Events made together (a token's delta and the item it opens), as one body write."""
+    return b"".join(named_event(payload) for payload in batch)
+
+
+def named_sse_response(events: AsyncIterator[Sequence[TypedEvent]],
+                       failed: Callable[[LlmdError], Sequence[TypedEvent]],
                        count_error: ErrorCounter | None = None) -> Stream:
-    """A `text/event-stream` of named events (the Responses API's); a failure midway ends it with
-    `failed`'s event, and nothing follows the last event."""
-    body = framed(events, named_event, failed, count_error)
+    """A `text/event-stream` of named events (the Responses API's), each batch of events made
+    together sent as one write; a failure midway ends it with `failed`'s events, and nothing
+    follows the last event."""
+    body = framed(events, named_events, failed, count_error)
     return Stream(body, media_type="text/event-stream", headers=HEADERS)

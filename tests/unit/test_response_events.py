@@ -69,9 +69,7 @@ def test_thinking_text_and_calls_each_open_their_item_in_openais_order(events: R
         call_start("call_b", "g"),
         call_arguments("{}"),
     ]
-    sent = (
-        events.start() + [e for delta in deltas for e in events.take(delta)] + events.finish(USAGE, cut=False)
-    )
+    sent = [e for delta in deltas for e in events.take(delta)] + events.finish(USAGE, cut=False)
     assert [e.type.removeprefix("response.") for e in sent] == [
         "created",
         "in_progress",
@@ -114,8 +112,7 @@ def test_thinking_text_and_calls_each_open_their_item_in_openais_order(events: R
 
 
 def test_items_start_in_progress_empty_and_end_with_their_whole_text(events: ResponseEvents) -> None:
-    events.start()
-    added = events.take(Delta(content="a"))[0]
+    added = events.take(Delta(content="a"))[2]  # after the response's created and in_progress
     done = events.take(call_start("c", "f"))[2]
     assert added.item == OutputMessage(id=added.item.id, content=[], status="in_progress")  # type: ignore[union-attr]
     assert done.type == "response.output_item.done" and done.item.content[0].text == "a"  # type: ignore[union-attr]
@@ -123,7 +120,6 @@ def test_items_start_in_progress_empty_and_end_with_their_whole_text(events: Res
 
 
 def test_a_cut_reply_is_incomplete_with_its_reason(events: ResponseEvents) -> None:
-    events.start()
     events.take(Delta(content="a"))
     sent = events.finish(USAGE, cut=True)
     assert sent[-1].type == "response.incomplete"
@@ -135,18 +131,21 @@ def test_a_cut_reply_is_incomplete_with_its_reason(events: ResponseEvents) -> No
 
 
 def test_a_reply_with_no_output_still_gets_an_empty_message(events: ResponseEvents) -> None:
-    events.start()
     sent = events.finish(USAGE, cut=False)
-    assert [e.type for e in sent][:2] == ["response.output_item.added", "response.content_part.added"]
+    assert [e.type for e in sent][:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     [message] = events.response.output
     assert isinstance(message, OutputMessage) and message.content[0].text == ""
 
 
 def test_a_failure_carries_the_items_so_far_and_the_error(events: ResponseEvents) -> None:
-    events.start()
     events.take(Delta(content="a"))
     events.take(call_start("c", "f"))
-    failed = events.fail(EngineFailure("the step failed"))
+    [failed] = events.fail(EngineFailure("the step failed"))
     assert failed.type == "response.failed"
     final = msgspec.to_builtins(events.response)
     assert final["status"] == "failed" and final["error"] == {
@@ -154,3 +153,10 @@ def test_a_failure_carries_the_items_so_far_and_the_error(events: ResponseEvents
         "message": "the step failed",
     }
     assert [item["type"] for item in final["output"]] == ["message"]
+
+
+def test_the_start_comes_once_with_the_first_events_even_a_failure(events: ResponseEvents) -> None:
+    sent = events.fail(EngineFailure("no token"))
+    assert [e.type for e in sent] == ["response.created", "response.in_progress", "response.failed"]
+    assert [e.sequence_number for e in sent] == [0, 1, 2]
+    assert events.take(Delta(content="a"))[0].type == "response.output_item.added"

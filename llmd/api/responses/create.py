@@ -138,23 +138,20 @@ async def conversation(store: ResponseStore | None, previous_id: str | None) -> 
 
 
 async def generated(stream: TokenStream, plan: ResponsePlan, store: ResponseStore | None
-                    ) -> AsyncIterator[StreamEvent]:
-    """The response's events as its reply is generated; it is stored before the last one."""
+                    ) -> AsyncIterator[list[StreamEvent]]:
+    """The response's events as its reply is generated, those of one engine event together (one
+    write when streamed); it is stored before the last ones."""
     events, parser = plan.events, plan.meta.parser() if plan.meta.shape.parsed else None
     with stream:
-        for started in events.start():
-            yield started
         async for event in stream:
-            for delta in reply_deltas(parser, event):
-                for piece in events.take(delta):
-                    yield piece
+            made = [piece for delta in reply_deltas(parser, event) for piece in events.take(delta)]
             if event.finish_reason is not None:
                 reasoning = parser.reasoning_tokens if parser is not None else 0
                 cut = event.finish_reason.value == "length"
-                finished = events.finish(usage(plan, stream, reasoning), cut)
+                made += events.finish(usage(plan, stream, reasoning), cut)
                 await save(store, plan)
-                for piece in finished:
-                    yield piece
+            if made:
+                yield made
 
 
 def usage(plan: ResponsePlan, stream: TokenStream, reasoning_tokens: int) -> ResponseUsage:
@@ -175,7 +172,7 @@ async def save(store: ResponseStore | None, plan: ResponsePlan) -> None:
         output_items=_encoder.encode(response.output)))
 
 
-async def drained(events: AsyncIterator[StreamEvent]) -> None:
+async def drained(events: AsyncIterator[list[StreamEvent]]) -> None:
     """Run a response to its end without sending its events (a response that is not streamed)."""
     async for _ in events:
         pass
