@@ -1,9 +1,9 @@
 """Where each microsecond of a decode step goes: llmd's runner under torch's profiler.
 
 Loads a demo model through llmd's own runner (as `llmd bench --in-process` does), prefills
-C copies of one chat prompt, warms up, times `--steps` decode steps at batch size C, then runs
-as many again under `torch.profiler` (CPU, no shapes) and sorts the ops' self CPU time into
-categories (llmd/bench/step_split.py says which op goes where).
+C copies of one chat prompt, warms up, then times `--steps` decode steps at batch size C and
+runs as many under `torch.profiler` (CPU, no shapes), alternating in `--rounds` blocks, and
+sorts the ops' self CPU time into categories (llmd/bench/step_split.py says which op goes where).
 
     HF_HUB_OFFLINE=1 python scripts/profile_step.py                  # small, cpu, C=1 and 8
     HF_HUB_OFFLINE=1 python scripts/profile_step.py --matrix         # small/medium x cpu/cpu-bf16 x C=1/8
@@ -12,7 +12,8 @@ categories (llmd/bench/step_split.py says which op goes where).
 Demo models are built on first use in ~/.cache/llmd (or $LLMD_HOME); `--model DIR` takes any.
 Check the host is quiet first (`uptime`): the numbers are wall-clock.
 
-Columns, all per decode step:
+Columns, all per decode step but the first:
+  others %    the host's CPU that other processes used meanwhile: over a few %, rerun when quiet
   step us     wall time of one step without the profiler (runner.decode of C rows); tok/s = C / that
   prof +%     how much slower the step ran under the profiler (its overhead)
   calls       torch calls from Python (ops not inside another op): what a compiled step removes
@@ -27,8 +28,10 @@ Columns, all per decode step:
   python+dispatch  step us minus every op's self time: Python, module calls, the dispatcher
 Each category cell is "us share" (share of step us), the category's median over the profiled
 steps; step us is the median unprofiled step, so a step slowed by another process moves nothing.
-Op self times are measured under the profiler, which inflates small ops a little, so
-python+dispatch is if anything understated.
+python+dispatch is a lower bound: an op's self time starts after Python has parsed its
+arguments (that part is counted as Python), but the profiler's own bookkeeping for the ops
+nested inside an op lands in that op's self time; the true figure lies between python+dispatch
+and python+dispatch + prof +% of the step.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -88,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, action="append",
                         help="rows per step, repeatable (default 1 and 8)")
     parser.add_argument("--steps", type=int, default=64, help="decode steps timed, and as many profiled")
+    parser.add_argument("--rounds", type=int, default=4, help="alternations of timed and profiled steps")
     parser.add_argument("--warmup", type=int, default=8, help="decode steps run first, untimed")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--matrix", action="store_true",
@@ -118,20 +123,42 @@ def run_case(case: Case, args: argparse.Namespace) -> Iterator[StepSplit]:
 def measure(
     decoder: InProcessDecoder, prompts: list[list[int]], args: argparse.Namespace, config: Config
 ) -> StepSplit:
-    """Prefill, warm up, time `args.steps` steps, then profile as many more."""
-    requests = decoder.requests(prompts, 1 + args.warmup + 2 * args.steps)
+    """Prefill, warm up, then `args.rounds` rounds of timed steps followed by profiled ones:
+    alternating, so that the machine's drift hits both alike."""
+    block = max(1, args.steps // args.rounds)
+    requests = prefilled(decoder, prompts, 1 + args.warmup + 2 * block * args.rounds)
+    step_times(decoder, requests, args.warmup)
+    host = HostCpu()
+    walls: list[float] = []
+    profiled: list[float] = []
+    rows: list[OpRow] = []
+    for _ in range(args.rounds):
+        walls += step_times(decoder, requests, block)
+        rows += profiled_steps(decoder, requests, block, profiled)
+    decoder.release(requests)
+    if args.top:
+        print_top(rows, len(profiled), args.top, config)
+    run = StepRun(rows, len(profiled), statistics.median(walls), statistics.median(profiled), host.others())
+    return split_step(run, config, linear_bytes(decoder.runner.model))
+
+
+def prefilled(decoder: InProcessDecoder, prompts: list[list[int]], tokens: int) -> list[Request]:
+    """Greedy requests for `prompts` of up to `tokens` tokens, each prefilled to its first."""
+    requests = decoder.requests(prompts, tokens)
     for request in requests:
         decoder.runner.first_token(request)
-    step_times(decoder, requests, args.warmup)
-    wall_us = statistics.median(step_times(decoder, requests, args.steps))
+    return requests
+
+
+def profiled_steps(
+    decoder: InProcessDecoder, requests: list[Request], steps: int, times: list[float]
+) -> list[OpRow]:
+    """`steps` decode steps under the profiler, their times appended to `times`; their ops'
+    rows, numbered on from the steps already in `times`."""
+    first = len(times)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as profiler:
-        profiled_us = statistics.median(step_times(decoder, requests, args.steps, STEP_RANGE))
-    decoder.release(requests)
-    rows = op_rows(profiler.events())
-    if args.top:
-        print_top(rows, args.steps, args.top, config)
-    run = StepRun(rows, args.steps, wall_us, profiled_us)
-    return split_step(run, config, linear_bytes(decoder.runner.model))
+        times += step_times(decoder, requests, steps, STEP_RANGE)
+    return op_rows(profiler.events(), first)
 
 
 def step_times(
@@ -148,14 +175,14 @@ def step_times(
     return times
 
 
-def op_rows(events: Any) -> list[OpRow]:
+def op_rows(events: Any, first: int = 0) -> list[OpRow]:
     """The profiler's CPU events as rows: name, self time, the names it ran inside, its step
-    (steps numbered by their outermost range, in the order they started)."""
+    (numbered from `first` by their step range, in the order the profiler lists them)."""
     steps: dict[int, int] = {}
     rows = []
     for event in events:
         names, root = ancestors(event)
-        step = steps.setdefault(id(root), len(steps)) if root is not None else -1
+        step = first + steps.setdefault(id(root), len(steps)) if root is not None else -1
         rows.append(OpRow(event.name, float(event.self_cpu_time_total), names, step))
     return rows
 
@@ -192,7 +219,8 @@ def print_top(rows: list[OpRow], steps: int, top: int, config: Config) -> None:
 
 def table(splits: list[StepSplit]) -> str:
     """One row per model x profile x C; each category as microseconds and share of the step."""
-    heads = ["model", "profile", "C", "step us", "tok/s", "prof +%", "calls", "mm GB/s", *CATEGORIES, PYTHON]
+    heads = ["model", "profile", "C", "others %", "step us", "tok/s", "prof +%", "calls", "mm GB/s",
+             *CATEGORIES, PYTHON]
     lines = [" | ".join(heads), " | ".join("---" for _ in heads)]
     lines += [" | ".join(_cells(split)) for split in splits]
     return "\n".join(f"| {line} |" for line in lines)
@@ -202,9 +230,26 @@ def _cells(split: StepSplit) -> list[str]:
     overhead = 100 * (split.profiled_us / split.wall_us - 1)
     shares = [f"{split.category_us[name]:.0f} {100 * split.share(name):.0f}%"
               for name in (*CATEGORIES, PYTHON)]
-    return [split.model, split.profile, str(split.batch), f"{split.wall_us:.0f}",
-            f"{split.tokens_per_s:.0f}", f"{overhead:.0f}", f"{split.calls:.0f}",
+    return [split.model, split.profile, str(split.batch), f"{100 * split.others_cpu:.0f}",
+            f"{split.wall_us:.0f}", f"{split.tokens_per_s:.0f}", f"{overhead:.0f}", f"{split.calls:.0f}",
             f"{split.matmul_gb_s:.1f}", *shares]
+
+
+class HostCpu:
+    """CPU time that processes other than this one use on the host from now on."""
+
+    def __init__(self) -> None:
+        self._start = self._now()
+
+    def others(self) -> float:
+        """Their share of all the host's cores since this was made."""
+        (started, busy, own), (now, busy_now, own_now) = self._start, self._now()
+        return max(0.0, (busy_now - busy) - (own_now - own)) / ((now - started) * (psutil.cpu_count() or 1))
+
+    @staticmethod
+    def _now() -> tuple[float, float, float]:
+        host, own = psutil.cpu_times(), psutil.Process().cpu_times()
+        return time.monotonic(), sum(host) - host.idle - getattr(host, "iowait", 0.0), own.user + own.system
 
 
 def load_average() -> str:

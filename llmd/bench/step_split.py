@@ -65,6 +65,7 @@ class StepSplit:
     calls: float  # torch calls from Python per step (ops not inside another op)
     category_us: dict[str, float]  # per step, CATEGORIES and PYTHON
     weight_bytes: int = 0  # of the Linear layers, each read once per step
+    others_cpu: float = 0.0  # share of the host's CPU that other processes used meanwhile
 
     @property
     def matmul_gb_s(self) -> float:
@@ -157,6 +158,7 @@ class StepRun:
     steps: int
     wall_us: float
     profiled_us: float
+    others_cpu: float = 0.0  # share of the host's CPU that other processes used meanwhile
 
 
 def split_step(run: StepRun, config: tuple[str, str, int], weight_bytes: int = 0) -> StepSplit:
@@ -168,4 +170,5 @@ def split_step(run: StepRun, config: tuple[str, str, int], weight_bytes: int = 0
     medians[PYTHON] = run.wall_us - sum(medians.values())
     model, profile, batch = config
     calls = torch_calls(run.rows) / run.steps
-    return StepSplit(model, profile, batch, run.wall_us, run.profiled_us, calls, medians, weight_bytes)
+    return StepSplit(model, profile, batch, run.wall_us, run.profiled_us, calls, medians, weight_bytes,
+                     run.others_cpu)
