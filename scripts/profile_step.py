@@ -27,7 +27,7 @@ Columns, all per decode step but the first:
   other ops   views, allocations, anything not claimed above (`--top` lists the ops)
   python+dispatch  step us minus every op's self time: Python, module calls, the dispatcher
 Each category cell is "us share" (share of step us), the category's median over the profiled
-steps; step us is the median unprofiled step, so a step slowed by another process moves nothing.
+steps; step us is the median unprofiled step, so a few steps slowed by another process move little.
 python+dispatch is a lower bound: an op's self time starts after Python has parsed its
 arguments (that part is counted as Python), but the profiler's own bookkeeping for the ops
 nested inside an op lands in that op's self time; the true figure lies between python+dispatch
