@@ -59,9 +59,19 @@ class InProcessDecoder:
             return [DecodeTrace(start, list(times), row) for row in ids]
         return self._decode_with_runner(prompts, max_new_tokens)
 
-    def _decode_with_runner(self, prompts: list[list[int]], max_new_tokens: int) -> list[DecodeTrace]:
+    def requests(self, prompts: list[list[int]], max_new_tokens: int) -> list[Request]:
+        """Greedy requests for `prompts`, to prefill with `runner.first_token` and then step
+        together with `runner.decode`; `release` them after."""
         params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
-        requests = [Request(f"in-process-{i}", ids, params) for i, ids in enumerate(prompts)]
+        return [Request(f"in-process-{i}", ids, params) for i, ids in enumerate(prompts)]
+
+    def release(self, requests: list[Request]) -> None:
+        """Free the runner's caches and sampling state of `requests`."""
+        for request in requests:
+            self.runner.release(request.request_id)
+
+    def _decode_with_runner(self, prompts: list[list[int]], max_new_tokens: int) -> list[DecodeTrace]:
+        requests = self.requests(prompts, max_new_tokens)
         start = time.perf_counter()
         traces = [DecodeTrace(start) for _ in requests]
         for request, trace in zip(requests, traces, strict=True):
@@ -73,6 +83,5 @@ class InProcessDecoder:
             for trace, token in zip(traces, tokens, strict=True):
                 trace.token_ids.append(token)
                 trace.token_times.append(now)
-        for request in requests:
-            self.runner.release(request.request_id)
+        self.release(requests)
         return traces
