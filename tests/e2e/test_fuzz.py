@@ -100,12 +100,18 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
 
 
 @st.composite
-def near_valid_body(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid body with one field broken."""
-    body = draw(valid_body())
-    field = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
-    body[field] = draw(OUT_OF_RANGE[field])
+def one_field_broken(draw: st.DrawFn, valid: st.SearchStrategy[dict[str, Any]],
+                     broken: dict[str, st.SearchStrategy[Any]]) -> dict[str, Any]:
+    """A body from `valid` with one field set to a value of `broken`'s."""
+    body = draw(valid)
+    field = draw(st.sampled_from(sorted(broken)))
+    body[field] = draw(broken[field])
     return body
+
+
+def near_valid_body() -> st.SearchStrategy[dict[str, Any]]:
+    """A valid chat body with one field broken."""
+    return one_field_broken(valid_body(), OUT_OF_RANGE)
 
 
 def judge_stream(body: bytes) -> None:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmd.bench.streamcheck import is_error_body
-from tests.e2e.test_fuzz import SEEDS, TEMPERATURES, TEXT, TOP_PS
+from tests.e2e.test_fuzz import SEEDS, TEMPERATURES, TEXT, TOP_PS, one_field_broken
 from tests.helpers.daemon import Daemon
 
 FIND = {
@@ -127,13 +127,9 @@ def valid_body() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
-@st.composite
-def near_valid_body(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid body with one field broken."""
-    body = draw(valid_body())
-    field = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
-    body[field] = draw(OUT_OF_RANGE[field])
-    return body
+def near_valid_body() -> st.SearchStrategy[dict[str, Any]]:
+    """A valid Responses body with one field broken."""
+    return one_field_broken(valid_body(), OUT_OF_RANGE)
 
 
 def judge_stream(text: str) -> None:
