@@ -48,19 +48,17 @@ def named_event(payload: TypedEvent) -> bytes:
     return b"event: " + payload.type.encode() + b"\ndata: " + _encoder.encode(payload) + b"\n\n"
 
 
-async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
-                done: bool = True) -> AsyncIterator[bytes]:
+def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
+          done: bool = True) -> AsyncIterator[bytes]:
     """SSE bytes for `chunks`, ending in `[DONE]` (unless not `done`) whether or not they fail midway."""
-    async for piece in framed(chunks, event, error_body, count_error):
-        yield piece
-    if done:
-        yield DONE
+    return framed(chunks, event, error_body, count_error, DONE if done else None)
 
 
 async def framed(chunks: AsyncIterator[Any], encode: Callable[[Any], bytes],
-                 failed: Callable[[LlmdError], Any], count_error: ErrorCounter | None
-                 ) -> AsyncIterator[bytes]:
-    """`chunks` encoded one by one; a failure midway ends them with `failed`'s event (counted)."""
+                 failed: Callable[[LlmdError], Any], count_error: ErrorCounter | None,
+                 last: bytes | None = None) -> AsyncIterator[bytes]:
+    """`chunks` encoded one by one; a failure midway ends them with `failed`'s event (counted);
+    `last`, when given, always closes the stream. One generator: every chunk is one step of it."""
     failure: LlmdError | None = None
     try:
         async for chunk in chunks:
@@ -74,6 +72,8 @@ async def framed(chunks: AsyncIterator[Any], encode: Callable[[Any], bytes],
         if count_error is not None:
             count_error(failure.code or failure.error_type)
         yield encode(failed(failure))
+    if last is not None:
+        yield last
 
 
 def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,

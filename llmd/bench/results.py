@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from llmd.bench.schemas import SCHEMAS, parses_as_object
@@ -181,10 +181,12 @@ def summarize_mix(label: str, repeat: int, results: Sequence[StreamResult]) -> l
     `LABEL responses`), their rates over the whole run's wall, so they add up."""
     whole = summarize(label, repeat, results)
     wall = _wall(results)
-    parts = [("schema", lambda r: r.constrained), ("plain", lambda r: not r.constrained),
-             ("chat", lambda r: r.api == "chat"), ("responses", lambda r: r.api == "responses")]
+    splits: list[tuple[str, str, Callable[[StreamResult], bool]]] = [
+        ("schema", "plain", lambda result: result.constrained),
+        ("chat", "responses", lambda result: result.api == "chat"),
+    ]
     reports = [whole]
-    for (name, belongs), (other, _) in zip(parts[::2], parts[1::2], strict=True):
+    for name, other, belongs in splits:
         first = [result for result in results if belongs(result)]
         second = [result for result in results if not belongs(result)]
         if first and second:

@@ -39,7 +39,7 @@ from llmd.response_object import (
     ResponseUsage,
     TextEcho,
 )
-from llmd.responses_protocol import InputItem, ResponsesRequest, TextFormatText
+from llmd.responses_protocol import InputItem, ResponsesRequest, TextFormatText, TextOptions
 
 _encoder = msgspec.json.Encoder()
 
@@ -89,11 +89,16 @@ async def planned(engine: Engine, store: ResponseStore | None, body: ResponsesRe
         reasoning=ReasoningEcho(body.reasoning.effort if body.reasoning else None,
                                 body.reasoning.summary if body.reasoning else None),
         store=storing, temperature=1.0 if body.temperature is None else body.temperature,
-        text=TextEcho(body.text.format or TextFormatText(), body.text.verbosity) if body.text else TextEcho(
-            TextFormatText()),
+        text=text_echo(body),
         tool_choice=choice, tools=tools, top_p=1.0 if body.top_p is None else body.top_p, user=body.user)
     return ResponsePlan(prompt_ids, params, meta, ResponseEvents(response),
                         [stored_item(item) for item in items] if storing else None)
+
+
+def text_echo(body: ResponsesRequest) -> TextEcho:
+    """The request's `text` as the response echoes it (`{"format": {"type": "text"}}` by default)."""
+    options = body.text or TextOptions()
+    return TextEcho(options.format or TextFormatText(), options.verbosity)
 
 
 async def referenced(store: ResponseStore | None, raw: str | list[dict[str, Any]]

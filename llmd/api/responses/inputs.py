@@ -185,8 +185,8 @@ def stored_item(item: InputItem) -> dict[str, Any]:
     item_id = item.id or f"{ID_PREFIXES[item.type]}_{uuid.uuid4().hex[:24]}"
     if isinstance(item, MessageItem):
         kind = "output_text" if item.role == "assistant" else "input_text"
-        content = [part_dict(part) for part in item.content] if isinstance(item.content, list) else [
-            {"type": kind, "text": item.content} | ({"annotations": []} if kind == "output_text" else {})]
+        parts = item.content if isinstance(item.content, list) else [ItemContent(kind, item.content)]
+        content = [part_dict(part) for part in parts]
         return {"id": item_id, "type": "message", "role": item.role, "content": content,
                 "status": "completed"}
     if isinstance(item, FunctionCallItem):

@@ -79,9 +79,9 @@ FROM links JOIN responses AS r ON r.id = links.id ORDER BY links.depth DESC
 """
 
 # The newest kept response holding the item :id (an echoed item is held by every response it was given to).
-_ITEM_HOLDER = f"""
+_ITEM_HOLDER = """
 SELECT r.id FROM items AS i JOIN responses AS r ON r.id = i.response_id WHERE i.id = ? AND r.created_at >= ?
-{_NEWEST_FIRST.replace("created_at", "r.created_at").replace("rowid", "r.rowid")} LIMIT 1
+ORDER BY r.created_at DESC, r.rowid DESC LIMIT 1
 """
 
 T = TypeVar("T")
