@@ -82,6 +82,13 @@ def tuning_checklist(
               _attention_check(model, profile, device)]
     if profile.quantization == "nf4":
         checks.append(_bitsandbytes_check(model))
+    if profile.quantization == "int8":
+        from llmd.engine.model.int8 import Int8Linear
+
+        quantized = sum(isinstance(module, Int8Linear) for module in model.modules())
+        checks.append(Check("int8 Linear layers", quantized > 0,
+                            f"{quantized} Linear layers in weight-only int8" if quantized else "none in int8",
+                            "load with quantization: int8 (no Linear layer was quantized)"))
     if profile.onednn_linear:
         packed = sum(isinstance(module, PackedLinear) for module in model.modules())
         checks.append(Check("oneDNN prepacked Linear", packed > 0,

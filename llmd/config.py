@@ -60,7 +60,7 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     sdpa_backends: tuple[SdpaBackend, ...] = ()
-    quantization: Literal["none", "nf4"] = "none"
+    quantization: Literal["none", "nf4", "int8"] = "none"
     double_quant: bool = True
     kv_cache: Literal["dynamic", "static"] = "dynamic"
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"
@@ -266,6 +266,11 @@ def _check_profile(profile: Profile, source: str) -> None:
                                 f"`{profile.device}`; set it to false")
     if profile.onednn_linear and profile.compile != "none":
         refuse("onednn_linear", "and `compile` both rewrite the Linear layers; keep one of them")
+    if profile.quantization == "int8" and profile.device != "cpu":
+        refuse("quantization", "int8 is weight-only int8 for the CPU's kernels, but `device` is "
+                               f"`{profile.device}`; on CUDA use nf4")
+    if profile.quantization == "int8" and profile.compile != "none":
+        refuse("quantization", "int8 layers run eagerly; set `compile: none`")
     if profile.prefill_chunk_tokens > profile.max_context:
         refuse("prefill_chunk_tokens", f"{profile.prefill_chunk_tokens} exceeds `max_context` "
                                        f"{profile.max_context}")

@@ -187,6 +187,8 @@ class EngineWorker:
         report = runner.load_report
         log.info("model loaded in %.2f s on %s: %s of weights, %s on the device%s",
                  report.seconds, report.device, mib(report.weight_bytes), mib(report.device_bytes), detail)
+        if report.quantized is not None:
+            log.info("linear layers: %s", report.quantized.summary())
         if report.prepack is not None:
             log.info("linear layers: %s", report.prepack.summary())
         if runner.fused:

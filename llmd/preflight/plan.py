@@ -92,8 +92,13 @@ class MemoryPlan(msgspec.Struct, frozen=True):
 
     @property
     def needed(self) -> int:
-        """Bytes the plan needs in all."""
-        return sum(item.bytes for item in self.items)
+        """Bytes the plan needs in all (loading's peak when that is more than serving holds)."""
+        return needed_bytes(self.items, self.shape, self.profile)
+
+    @property
+    def load_peak(self) -> int:
+        """What loading holds at its peak when it differs from the weights served (int8); else 0."""
+        return load_peak_bytes(self.shape, self.profile)
 
     @property
     def fits(self) -> bool:
@@ -122,7 +127,7 @@ def memory_plan(
 ) -> MemoryPlan:
     """The plan, pure arithmetic: items, total, verdict, how many requests fit, and fixes if needed."""
     items = plan_items(shape, profile, budget.counts_cuda_context)
-    needed = sum(item.bytes for item in items)
+    needed = needed_bytes(items, shape, profile)
     return MemoryPlan(
         model=model, profile=profile, shape=shape, context=effective_context(shape, profile),
         items=items, budget=budget, requests_at_context=_requests_at_context(shape, profile, budget),
@@ -141,12 +146,38 @@ def nf4_bits(profile: Profile) -> float:
 
 
 def weight_bytes(shape: ModelShape, profile: Profile) -> int:
-    """All weights in the compute dtype; with nf4 the decoder's linear weights at `nf4_bits`."""
+    """All weights in the compute dtype; with nf4 the decoder's linear weights at `nf4_bits`; with
+    int8 those and an untied lm_head at a byte each, plus a scale per output row."""
     dtype_bytes = DTYPE_BYTES[profile.dtype]
     if profile.quantization == "none":
         return shape.params * dtype_bytes
+    if profile.quantization == "int8":
+        quantized = shape.linear_params + shape.lm_head_params
+        return quantized + int8_rows(shape) * dtype_bytes + (shape.params - quantized) * dtype_bytes
     unquantized = shape.params - shape.linear_params
     return math.ceil(shape.linear_params * nf4_bits(profile) / 8) + unquantized * dtype_bytes
+
+
+def int8_rows(shape: ModelShape) -> int:
+    """Output rows (one scale each) of the int8 layers: per decoder layer q, k, v, o, gate, up and
+    down; the lm_head's vocabulary rows when it is not tied to the embedding."""
+    attention = (shape.heads + 2 * shape.kv_heads) * shape.head_dim + shape.hidden_size
+    per_layer = attention + 2 * shape.intermediate_size + shape.hidden_size
+    return shape.layers * per_layer + (shape.vocab_size if shape.lm_head_params else 0)
+
+
+def load_peak_bytes(shape: ModelShape, profile: Profile) -> int:
+    """int8: the weights are loaded in the compute dtype and quantized a layer at a time, before the
+    KV cache or any workspace exists, so loading peaks at the compute-dtype weights plus the headroom.
+    0 for every other profile, whose loaded weights are the weights served."""
+    if profile.quantization != "int8":
+        return 0
+    return shape.params * DTYPE_BYTES[profile.dtype] + profile.headroom_bytes
+
+
+def needed_bytes(items: tuple[PlanItem, ...], shape: ModelShape, profile: Profile) -> int:
+    """What the plan needs: everything served at once, or loading's peak when that is more."""
+    return max(sum(item.bytes for item in items), load_peak_bytes(shape, profile))
 
 
 def prefill_tokens(profile: Profile) -> int:
@@ -167,13 +198,13 @@ def workspace_bytes(shape: ModelShape, profile: Profile) -> int:
     residual stream, its normed copy, the attention output and the MLP output (4*hidden); the
     q, k and v projections; the MLP's gate, up and their product (3*intermediate). SDPA's
     fused kernels never hold the P * context score matrix, so it is not counted. With nf4,
-    bitsandbytes dequantizes a whole weight for a multi-token matmul, so the largest linear
-    weight in the compute dtype is added.
+    bitsandbytes dequantizes a whole weight for a multi-token matmul (and int8 does for a
+    prefill's many rows), so the largest linear weight in the compute dtype is added.
     """
     dtype_bytes = DTYPE_BYTES[profile.dtype]
     per_token = (4 * shape.hidden_size + (shape.heads + 2 * shape.kv_heads) * shape.head_dim
                  + 3 * shape.intermediate_size)
-    dequantized = shape.largest_linear_params if profile.quantization == "nf4" else 0
+    dequantized = shape.largest_linear_params if profile.quantization in ("nf4", "int8") else 0
     return (prefill_tokens(profile) * per_token + dequantized) * dtype_bytes
 
 
@@ -199,6 +230,10 @@ def plan_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) -
 def _weights_item(shape: ModelShape, profile: Profile) -> PlanItem:
     if profile.quantization == "none":
         note = f"{profile.dtype}, {count_text(shape.params)} params"
+    elif profile.quantization == "int8":
+        int8_params = shape.linear_params + shape.lm_head_params
+        note = (f"int8 + a {profile.dtype} scale per row for {count_text(int8_params)} linear params, "
+                f"{profile.dtype} for {count_text(shape.params - int8_params)}")
     else:
         quantized = "nf4 + double quant" if profile.double_quant else "nf4"
         note = (f"{quantized} ({nf4_bits(profile):.2f} bits) for {count_text(shape.linear_params)} linear "
@@ -221,7 +256,7 @@ def _kv_items(shape: ModelShape, profile: Profile) -> list[PlanItem]:
 
 def _workspace_item(shape: ModelShape, profile: Profile) -> PlanItem:
     note = f"{prefill_tokens(profile)}-token prefill step"
-    if profile.quantization == "nf4":
+    if profile.quantization in ("nf4", "int8"):
         note += f" + one dequantized weight ({count_text(shape.largest_linear_params)} params)"
     return PlanItem("prefill workspace", workspace_bytes(shape, profile), note)
 
@@ -249,7 +284,8 @@ def _cuda_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) 
 
 
 def _fits(shape: ModelShape, profile: Profile, budget: MemoryBudget) -> bool:
-    return sum(item.bytes for item in plan_items(shape, profile, budget.counts_cuda_context)) <= budget.bytes
+    items = plan_items(shape, profile, budget.counts_cuda_context)
+    return needed_bytes(items, shape, profile) <= budget.bytes
 
 
 def _largest(fits: Callable[[int], bool], low: int, high: int) -> int | None:
@@ -318,5 +354,5 @@ def _four_bit_option(
         change, four_bit = f"--profile {FOUR_BIT_PROFILE}", load_profile(FOUR_BIT_PROFILE)
     else:
         change, four_bit = "quantization: nf4", replace(profile, quantization="nf4", double_quant=True)
-    total = sum(item.bytes for item in plan_items(shape, four_bit, budget.counts_cuda_context))
+    total = needed_bytes(plan_items(shape, four_bit, budget.counts_cuda_context), shape, four_bit)
     return FourBitOption(change, weight_bytes(shape, four_bit), total, total <= budget.bytes)

@@ -15,7 +15,9 @@ from llmd.units import GiB, bytes_text, count_text
 
 def render_plan(plan: MemoryPlan) -> str:
     """The plan as a plain-text table: one line per item, the total, the budget and the verdict."""
-    rows = [*plan.items, PlanItem("total", plan.needed, ""),
+    peak = [PlanItem("loading peak", plan.load_peak, f"{plan.profile.dtype} weights before int8, + headroom; "
+                                                      "the total is the larger")] if plan.load_peak else []
+    rows = [*plan.items, *peak, PlanItem("total", plan.needed, ""),
             PlanItem("available", plan.budget.bytes, plan.budget.source)]
     width = max(len(bytes_text(item.bytes)) for item in rows)
     table = [f"  {item.name:<18}{bytes_text(item.bytes):>{width}}  {item.note}".rstrip() for item in rows]
@@ -40,6 +42,8 @@ def _profile_summary(profile: Profile) -> str:
     parts: list[str] = [profile.device, profile.dtype]
     if profile.quantization == "nf4":
         parts.append("nf4 + double quant" if profile.double_quant else "nf4")
+    elif profile.quantization == "int8":
+        parts.append("int8 weights")
     parts.append(f"{profile.kv_cache} kv cache")
     if profile.compile != "none":
         parts.append(f"compile {profile.compile}")

@@ -21,6 +21,7 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
 from llmd.engine.model.threads import ThreadPlan
 from llmd.errors import ConfigError
+from tests.helpers.modules import TiedAndHalf
 
 CPU = load_profile("cpu")
 
@@ -42,16 +43,7 @@ def test_a_packed_linear_computes_what_the_linear_does(dtype: torch.dtype, bias:
 
 
 def test_tied_and_other_weights_are_left_alone() -> None:
-    class Tied(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = torch.nn.Embedding(32, 16)
-            self.proj = torch.nn.Linear(16, 16)
-            self.half = torch.nn.Linear(16, 16).half()
-            self.head = torch.nn.Linear(16, 32, bias=False)
-            self.head.weight = self.embed.weight
-
-    model = Tied()
+    model = TiedAndHalf()
     report = pack_linears(model)
     assert report.packed == 1 and isinstance(model.proj, PackedLinear)
     assert report.skipped == {"half": "float16 weights", "head": "weight shared with another module (tied)"}

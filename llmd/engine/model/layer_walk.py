@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from llmd.engine.model.int8 import Int8Linear, int8_matmul
 from llmd.engine.model.onednn import PackedLinear
 from llmd.preflight.shape import attention_heads
 
@@ -134,6 +135,9 @@ def linear_op(module: torch.nn.Module) -> Op:
     if isinstance(module, PackedLinear):
         weight, bias, pointwise = module.packed_weight, module.bias, torch.ops.mkldnn._linear_pointwise
         return lambda x: pointwise(x.contiguous(), weight, bias, "none", [], "")
+    if isinstance(module, Int8Linear):
+        qweight, scales, offset = module.qweight, module.scales, module.bias
+        return lambda x: int8_matmul(x, qweight, scales, offset)
     if type(module) is torch.nn.Linear:
         weight, bias = module.weight, module.bias
         return lambda x: F.linear(x, weight, bias)

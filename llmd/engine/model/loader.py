@@ -22,8 +22,9 @@ from transformers.utils import logging as hf_logging
 
 from llmd.config import Profile
 from llmd.engine.model.attention import register_attention
+from llmd.engine.model.int8 import QuantizeReport
 from llmd.engine.model.onednn import PackReport
-from llmd.engine.model.probes import prepack_linears
+from llmd.engine.model.probes import prepack_linears, quantize_proven
 from llmd.errors import DeviceUnavailable, PreflightRefusal
 from llmd.preflight.shape import context_limit
 
@@ -40,6 +41,7 @@ class LoadReport:
     device_bytes: int  # cuda: memory_allocated after load; cpu: the same tensor bytes
     rss_growth_bytes: int  # process resident memory added by loading
     prepack: PackReport | None = None  # `onednn_linear`: what was packed; None when not asked or not possible
+    quantized: QuantizeReport | None = None  # `quantization: int8`: what is int8 now
 
 
 def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel, LoadReport]:
@@ -59,6 +61,7 @@ def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     model.eval()
     verify_placement(model, device)
+    quantized = quantize_proven(model) if profile.quantization == "int8" else None
     prepack = prepack_linears(model) if profile.onednn_linear else None
     weight_bytes = tensor_bytes(model)
     device_bytes = torch.cuda.memory_allocated(device) if device.type == "cuda" else weight_bytes
@@ -69,6 +72,7 @@ def load_model(model_dir: str | Path, profile: Profile) -> tuple[PreTrainedModel
         device_bytes=device_bytes,
         rss_growth_bytes=psutil.Process().memory_info().rss - rss_before,
         prepack=prepack,
+        quantized=quantized,
     )
     return model, report
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -101,19 +102,9 @@ def pack_linears(model: torch.nn.Module) -> PackReport:
 
     One layer at a time, so the peak memory is the model plus one weight.
     """
-    shared = _shared_weights(model)
-    skipped: dict[str, str] = {}
-    targets: list[tuple[str, torch.nn.Linear]] = []
-    for name, module in model.named_modules():
-        if type(module) is not torch.nn.Linear:
-            continue
-        reason = _not_packable(module, shared)
-        if reason is None:
-            targets.append((name, module))
-        else:
-            skipped[name] = reason
-    for name, module in targets:
-        _replace(model, name, PackedLinear(module))
+    targets, skipped = swappable_linears(model)
+    for name in targets:  # by name: no list holds the old layers, each goes once replaced
+        replace_module(model, name, PackedLinear(linear_at(model, name)))
     return PackReport(packed=len(targets), skipped=skipped)
 
 
@@ -121,11 +112,35 @@ def unpack_linears(model: torch.nn.Module) -> int:
     """Undo `pack_linears`: plain `nn.Linear` layers again; returns how many."""
     packed = [(name, module) for name, module in model.named_modules() if isinstance(module, PackedLinear)]
     for name, module in packed:
-        _replace(model, name, module.unpacked())
+        replace_module(model, name, module.unpacked())
     return len(packed)
 
 
-def _not_packable(module: torch.nn.Linear, shared: set[int]) -> str | None:
+def swappable_linears(model: torch.nn.Module) -> tuple[list[str], dict[str, str]]:
+    """The names of the layers of exactly `nn.Linear` whose weight can be rewritten (packed,
+    quantized), and why each other one cannot."""
+    shared = shared_weights(model)
+    skipped: dict[str, str] = {}
+    targets: list[str] = []
+    for name, module in model.named_modules():
+        if type(module) is not torch.nn.Linear:
+            continue
+        reason = kept_reason(module, shared)
+        if reason is None:
+            targets.append(name)
+        else:
+            skipped[name] = reason
+    return targets, skipped
+
+
+def linear_at(model: torch.nn.Module, name: str) -> torch.nn.Linear:
+    """The `nn.Linear` named by `swappable_linears`."""
+    return cast(torch.nn.Linear, model.get_submodule(name))
+
+
+def kept_reason(module: torch.nn.Linear, shared: set[int]) -> str | None:
+    """Why a Linear layer keeps its weight as it is (packed or quantized layers need a CPU weight
+    in float32 or bfloat16 that no other module holds), or None."""
     weight = module.weight
     if weight.device.type != "cpu":
         return f"weight on {weight.device.type}"
@@ -136,7 +151,7 @@ def _not_packable(module: torch.nn.Linear, shared: set[int]) -> str | None:
     return None
 
 
-def _shared_weights(model: torch.nn.Module) -> set[int]:
+def shared_weights(model: torch.nn.Module) -> set[int]:
     """ids of parameters that more than one module holds (tied embeddings and heads)."""
     owners: dict[int, int] = {}
     for module in model.modules():
@@ -145,7 +160,7 @@ def _shared_weights(model: torch.nn.Module) -> set[int]:
     return {key for key, count in owners.items() if count > 1}
 
 
-def _replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+def replace_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)

@@ -21,8 +21,10 @@ class ThreadPlan:
     over HTTP 0.96-0.98x of in-process with one thread, 0.89x with two). With `onednn_linear`
     two threads do a one-row GEMM twice as fast as one, which outweighs the stalls: C=1 over
     HTTP 98 tok/s on every core against 69 on one (small demo model, float32, 2 cores), so
-    then every core decodes. Prefill and batched decode are compute-bound and always take
-    every core (C=8 over HTTP 257 tok/s with two threads for the batch, 209 with one).
+    then every core decodes; so it does with int8 layers (medium demo model in-process, one
+    stream: 120-136 tok/s on two threads, 88-90 on one). Prefill and batched decode are
+    compute-bound and always take every core (C=8 over HTTP 257 tok/s with two threads for the
+    batch, 209 with one).
     """
 
     lone_decode: int
@@ -36,7 +38,8 @@ class ThreadPlan:
         if profile.torch_threads:
             return cls(profile.torch_threads, profile.torch_threads)
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-        lone = cores if profile.onednn_linear else max(1, cores - 1)
+        every_core = profile.onednn_linear or profile.quantization == "int8"
+        lone = cores if every_core else max(1, cores - 1)
         return cls(lone_decode=lone, compute=cores)
 
     def for_rows(self, rows: int) -> int:
