@@ -66,6 +66,7 @@ from llmd.bench.step_split import (
     split_step,
 )
 from llmd.demo.build import ensure_demo_model
+from llmd.engine.model.int8 import Int8Linear
 from llmd.engine.model.onednn import PackedLinear
 from llmd.engine.types import Request
 
@@ -198,10 +199,12 @@ def ancestors(event: Any) -> tuple[tuple[str, ...], Any]:
 
 
 def linear_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every Linear layer's weight (packed for oneDNN or not): what a step must read."""
+    """Bytes of every Linear layer's weight (packed for oneDNN, int8, or plain): what a step must read."""
     total = 0
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear | PackedLinear):
+        if isinstance(module, Int8Linear):
+            total += module.qweight.numel() + module.scales.numel() * module.scales.element_size()
+        elif isinstance(module, torch.nn.Linear | PackedLinear):
             weight = module.packed_weight if isinstance(module, PackedLinear) else module.weight
             total += module.in_features * module.out_features * weight.element_size()
     return total

@@ -20,7 +20,8 @@ STEP_RANGE = "llmd.step"  # the profiling script's range around each decode step
 CATEGORIES = ("matmul", "attention", "norm/rope/act", "sampling", "kv/copies", "other ops")
 PYTHON = "python+dispatch"
 
-MATMUL_OPS = frozenset({"mm", "addmm", "linear", "bmm", "matmul", "baddbmm", "addmv", "mv", "dot"})
+MATMUL_OPS = frozenset({"mm", "addmm", "linear", "bmm", "matmul", "baddbmm", "addmv", "mv", "dot",
+                        "_weight_int8pack_mm"})
 MATMUL_NAMESPACES = ("mkldnn::", "onednn::", "aten::mkldnn_", "aten::_mkldnn")
 ATTENTION_OPS = frozenset({
     "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",

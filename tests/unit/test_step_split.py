@@ -46,6 +46,7 @@ def one_step(step: int = 0, linear_us: float = 300.0) -> list[OpRow]:
 
 @pytest.mark.parametrize(("row", "expected"), [
     (OpRow("mkldnn::_linear_pointwise", 1.0), "matmul"),
+    (OpRow("aten::_weight_int8pack_mm", 1.0), "matmul"),
     (OpRow("aten::t", 1.0, ("aten::linear",)), "matmul"),
     (OpRow("aten::softmax", 1.0, ("aten::_scaled_dot_product_attention_math",)), "attention"),
     (OpRow("aten::bmm", 1.0, ("aten::scaled_dot_product_attention",)), "attention"),

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# llmd side by side with llama.cpp's llama-server, the peer CPU users pick instead (issue 17's
+# measurement). Both servers run at once on the same model (llmd on the HF directory, llama-server
+# on its GGUF conversion) and are idle while the other is measured. Per round, for C=1 and then
+# C=8, one `llmd bench --json` run against each, which server goes first alternating by round, after
+# one unmeasured pass of both loads on both. --ignore-eos (both servers honour it) makes every
+# stream generate max tokens: the same work on either side of each ratio.
+#   C=1: C1_N (8) requests x 128 tokens;  C=8: 8 clients x C8_N (3) requests x 64 tokens;  prompts
+#   of 64 tokens, distinct per request (no cached prefix on either side).
+# At the end scripts/peer_ab.py OUTDIR prints per round llmd/llama-server ratios of out tok/s,
+# TTFT p50, gap p50 and gap max, and their medians.
+#
+#   scripts/peer_ab.sh GGUF [ROUNDS] [OUTDIR]
+#     GGUF        the model for llama-server, e.g. build/gguf/demo-model-medium-q8_0.gguf
+#     MODEL       llmd's model directory (default ~/.cache/llmd/demo-model-small); PROFILE (cpu-bf16)
+#     LLAMA_SERVER  the binary (default: llama-server on PATH)
+#
+# llama-server and the GGUF files come from ../shared/bench/build-llamacpp.sh OUT MODEL_DIR...
+# (about 25 minutes on 2 cores; it writes f32 and bf16), and a Q8_0 file from the same converter:
+#   PYTHONPATH=OUT/src/llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py:OUT/pydeps python \
+#     OUT/src/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py MODEL_DIR \
+#     --outtype q8_0 --outfile OUT/gguf/NAME-q8_0.gguf
+# Check that nothing else is eating the CPU first (`uptime`): the figures are wall-clock ratios.
+set -u
+GGUF=${1:?usage: peer_ab.sh GGUF [ROUNDS] [OUTDIR]}; ROUNDS=${2:-3}; OUT=${3:-/tmp/peer_ab}; mkdir -p "$OUT"
+TREE=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PY:-$TREE/.venv/bin/python}
+MODEL=${MODEL:-$HOME/.cache/llmd/demo-model-small}
+PROFILE=${PROFILE:-cpu-bf16}; LLMD_PORT=${LLMD_PORT:-18610}; PEER_PORT=${PEER_PORT:-18611}
+LLAMA_SERVER=${LLAMA_SERVER:-llama-server}; THREADS=${THREADS:-$(nproc)}
+export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home"   # the daemon's state (stored responses) stays in OUTDIR
+PIDS=()
+
+wait_ready() {  # URL LOG
+  for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.2; done
+  echo "not ready: $1 (see $2)" >&2; return 1
+}
+stop() { for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null && wait "$pid"; done; PIDS=(); }
+trap stop EXIT
+
+[ -d "$MODEL" ] || (cd "$TREE" && "$PY" -m llmd.cli demo-model "$MODEL" --size small) || exit 1
+(cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
+  --port "$LLMD_PORT" > "$OUT/llmd.log" 2>&1) &
+PIDS+=($!)
+"$LLAMA_SERVER" -m "$GGUF" --port "$PEER_PORT" -c 16384 -np 8 -cb -t "$THREADS" -tb "$THREADS" --no-ui \
+  > "$OUT/llama-server.log" 2>&1 &
+PIDS+=($!)
+wait_ready "http://127.0.0.1:$LLMD_PORT/ready" "$OUT/llmd.log" || exit 1
+wait_ready "http://127.0.0.1:$PEER_PORT/health" "$OUT/llama-server.log" || exit 1
+
+bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run against SIDE (llmd | peer)
+  local name=$1 port=$LLMD_PORT; [ "$2" = peer ] && port=$PEER_PORT; shift 2
+  (cd "$TREE" && "$PY" -m llmd.cli bench --base-url "http://127.0.0.1:$port/v1" --json --ignore-eos "$@" \
+    > "$OUT/$name.json" 2> "$OUT/$name.err")
+}
+
+C1=(-c 1 -n "${C1_N:-8}" --max-tokens 128)
+C8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
+for side in llmd peer; do
+  bench "warm-c1-$side" "$side" -c 1 -n 1 --max-tokens 128
+  bench "warm-c8-$side" "$side" -c 8 -n 1 --max-tokens 64
+done
+for r in $(seq 1 "$ROUNDS"); do
+  sides="llmd peer"; [ $((r % 2)) -eq 0 ] && sides="peer llmd"
+  for side in $sides; do bench "c1-$side-$r" "$side" "${C1[@]}"; done
+  for side in $sides; do bench "c8-$side-$r" "$side" "${C8[@]}"; done
+done
+stop
+echo "llmd: $MODEL, profile $PROFILE   llama-server: $GGUF, $THREADS threads"
+"$PY" "$TREE/scripts/peer_ab.py" "$OUT"
