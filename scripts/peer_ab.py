@@ -1,9 +1,11 @@
-"""Summarize scripts/peer_ab.sh's runs: per round llmd/llama-server ratios, and their medians.
+"""Summarize side-by-side runs: per round ratios of side A's figures to side B's, and their medians.
 
-Issue 17's acceptance reads these: C=1 out tok/s >= 0.8x llama-server, C=8 >= 1.0x, with TTFT p50
-and gap max no worse than before. A ratio above 1 means llmd's figure is the larger (for TTFT
-and gaps, the larger is the worse).
-Usage: python scripts/peer_ab.py OUTDIR
+scripts/peer_ab.sh (llmd against llama-server: sides `llmd` and `peer`) and scripts/serving_ab.sh
+(llmd over HTTP against its own runner in-process: `http` and `inproc`) write one `llmd bench
+--json` report per load, side and round, named LOAD-SIDE-ROUND.json. Issue 17's acceptance reads
+the ratios: C=1 out tok/s >= 0.8x llama-server and C=8 >= 1.0x; HTTP / in-process >= 0.95 at C=1
+and >= 0.9 at C=8. A ratio above 1 means A's figure is the larger (for TTFT and gaps, the worse).
+Usage: python scripts/peer_ab.py OUTDIR [A B]     (default: llmd peer)
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ def runs(out: Path, load: str, side: str) -> dict[int, dict[str, Any]]:
     return found
 
 
-def summarize(out: Path, load: str) -> None:
-    """Print one load's figures per side and the llmd/llama-server ratio of each."""
-    by_side = {side: runs(out, load, side) for side in SIDES}
-    rounds = sorted(set(by_side["llmd"]) & set(by_side["peer"]))
+def summarize(out: Path, load: str, sides: tuple[str, str]) -> None:
+    """Print one load's figures per side and the first side's ratio to the second's of each."""
+    first, second = sides
+    by_side = {side: runs(out, load, side) for side in sides}
+    rounds = sorted(set(by_side[first]) & set(by_side[second]))
     print(f"== {LOADS[load]}, rounds {rounds}")
     if not rounds:
         return
@@ -42,19 +45,20 @@ def summarize(out: Path, load: str) -> None:
         values = [found[r] for r in rounds]
         shown = ", ".join(f"{key} {statistics.median(v[key] or 0.0 for v in values):.1f}" for key in FIGURES)
         tokens = sorted({v["completion_tokens"] for v in values})
-        print(f"  {side:<5} medians: {shown}; errors {sum(v['errors'] for v in values)}, tokens {tokens}")
+        print(f"  {side:<6} medians: {shown}; errors {sum(v['errors'] for v in values)}, tokens {tokens}")
     for key in FIGURES:
-        ratios = [by_side["llmd"][r][key] / by_side["peer"][r][key] for r in rounds
-                  if by_side["llmd"][r].get(key) and by_side["peer"][r].get(key)]
+        ratios = [by_side[first][r][key] / by_side[second][r][key] for r in rounds
+                  if by_side[first][r].get(key) and by_side[second][r].get(key)]
         if ratios:
-            print(f"  llmd/llama-server {key}: median {statistics.median(ratios):.3f}  "
+            print(f"  {first}/{second} {key}: median {statistics.median(ratios):.3f}  "
                   f"per round {[round(ratio, 3) for ratio in ratios]}")
 
 
 def main() -> None:
     out = Path(sys.argv[1])
+    sides = (sys.argv[2], sys.argv[3]) if len(sys.argv) == 4 else SIDES
     for load in LOADS:
-        summarize(out, load)
+        summarize(out, load, sides)
 
 
 if __name__ == "__main__":

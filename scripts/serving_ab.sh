@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What serving costs: llmd over HTTP against the same model and profile decoded by llmd's runner in
+# one process, no HTTP at all (`llmd bench --in-process`), issue 17's item 5. One daemon runs
+# throughout (idle while the in-process side runs, in its own process); per round, for C=1 and then
+# C=8, one run of each side, which goes first alternating by round, after one unmeasured pass of both.
+# The plan is peer_ab.sh's: C=1 C1_N (8) requests x 128 tokens, C=8 8 clients x C8_N (3) requests
+# x 64 tokens (in-process: 8 prompts decoded as one batch, C8_N times), prompts of 64 tokens,
+# --ignore-eos. scripts/peer_ab.py OUTDIR http inproc prints the HTTP/in-process ratios per round.
+#   scripts/serving_ab.sh [ROUNDS] [OUTDIR]      MODEL (small demo model), PROFILE (cpu-bf16)
+set -u
+ROUNDS=${1:-3}; OUT=${2:-/tmp/serving_ab}; mkdir -p "$OUT"
+TREE=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PY:-$TREE/.venv/bin/python}
+MODEL=${MODEL:-$HOME/.cache/llmd/demo-model-small}
+PROFILE=${PROFILE:-cpu-bf16}; PORT=${PORT:-18620}
+export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home"
+DAEMON=
+stop() { [ -n "$DAEMON" ] && kill -TERM "$DAEMON" 2> /dev/null && wait "$DAEMON"; DAEMON=; }
+trap stop EXIT
+
+[ -d "$MODEL" ] || (cd "$TREE" && "$PY" -m llmd.cli demo-model "$MODEL" --size small) || exit 1
+(cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
+  --port "$PORT" > "$OUT/serve.log" 2>&1) &
+DAEMON=$!
+for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.2; done
+
+bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-process
+  local name=$1 side=$2; shift 2
+  local target=(--base-url "http://127.0.0.1:$PORT/v1")
+  [ "$side" = inproc ] && target=(--in-process "$MODEL" --profile "$PROFILE")
+  (cd "$TREE" && "$PY" -m llmd.cli bench "${target[@]}" --json --ignore-eos "$@" \
+    > "$OUT/$name.json" 2> "$OUT/$name.err")
+}
+
+C1=(-c 1 -n "${C1_N:-8}" --max-tokens 128)
+C8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
+for side in http inproc; do
+  bench "warm-c1-$side" "$side" -c 1 -n 1 --max-tokens 128
+  bench "warm-c8-$side" "$side" -c 8 -n 1 --max-tokens 64
+done
+for r in $(seq 1 "$ROUNDS"); do
+  sides="http inproc"; [ $((r % 2)) -eq 0 ] && sides="inproc http"
+  for side in $sides; do bench "c1-$side-$r" "$side" "${C1[@]}"; done
+  for side in $sides; do bench "c8-$side-$r" "$side" "${C8[@]}"; done
+done
+stop
+echo "model $MODEL, profile $PROFILE"
+"$PY" "$TREE/scripts/peer_ab.py" "$OUT" http inproc
