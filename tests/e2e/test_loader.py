@@ -1,17 +1,20 @@
-"""A quantized profile end to end: `llmd serve` loads the tiny model in 4 bits and answers."""
+"""Quantized profiles end to end: `llmd serve` loads the tiny model in 4 bits, or in int8, and answers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.helpers.configs import nf4_cpu_profile
 from tests.helpers.daemon import start_daemon
 
 
-def test_the_4bit_profile_serves_a_request(tiny_model: Path, tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", str(nf4_cpu_profile(tmp_path)))
+@pytest.mark.parametrize("profile", ["nf4", "cpu-int8"])
+def test_a_quantized_profile_serves_a_request(tiny_model: Path, tmp_path: Path, profile: str) -> None:
+    chosen = str(nf4_cpu_profile(tmp_path)) if profile == "nf4" else profile
+    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", chosen)
     try:
         client = openai.OpenAI(base_url=daemon.base_url, api_key="none")
         reply = client.chat.completions.create(
@@ -23,3 +26,7 @@ def test_the_4bit_profile_serves_a_request(tiny_model: Path, tmp_path: Path) -> 
     finally:
         assert daemon.stop() == 0, daemon.log()
     assert "model loaded" in daemon.log()
+    if profile == "cpu-int8":
+        log = daemon.log()
+        assert "Linear layers in int8" in log and "int8: probe logits within" in log
+        assert "loading peak" in log  # the plan logged before loading counts the bfloat16 peak
