@@ -152,18 +152,24 @@ def weight_bytes(shape: ModelShape, profile: Profile) -> int:
     if profile.quantization == "none":
         return shape.params * dtype_bytes
     if profile.quantization == "int8":
-        quantized = shape.linear_params + shape.lm_head_params
-        return quantized + int8_rows(shape) * dtype_bytes + (shape.params - quantized) * dtype_bytes
+        unquantized = shape.params - shape.linear_params - shape.lm_head_params
+        return int8_params(shape) + int8_rows(shape) * dtype_bytes + unquantized * dtype_bytes
     unquantized = shape.params - shape.linear_params
     return math.ceil(shape.linear_params * nf4_bits(profile) / 8) + unquantized * dtype_bytes
 
 
+def int8_params(shape: ModelShape) -> int:
+    """Weights int8 holds: the decoder's linear layers and the output head (a tied one copied)."""
+    head = shape.embedding_params if shape.tie_word_embeddings else shape.lm_head_params
+    return shape.linear_params + head
+
+
 def int8_rows(shape: ModelShape) -> int:
     """Output rows (one scale each) of the int8 layers: per decoder layer q, k, v, o, gate, up and
-    down; the lm_head's vocabulary rows when it is not tied to the embedding."""
+    down, and the output head's vocabulary rows."""
     attention = (shape.heads + 2 * shape.kv_heads) * shape.head_dim + shape.hidden_size
     per_layer = attention + 2 * shape.intermediate_size + shape.hidden_size
-    return shape.layers * per_layer + (shape.vocab_size if shape.lm_head_params else 0)
+    return shape.layers * per_layer + shape.vocab_size
 
 
 def load_peak_bytes(shape: ModelShape, profile: Profile) -> int:
@@ -231,9 +237,10 @@ def _weights_item(shape: ModelShape, profile: Profile) -> PlanItem:
     if profile.quantization == "none":
         note = f"{profile.dtype}, {count_text(shape.params)} params"
     elif profile.quantization == "int8":
-        int8_params = shape.linear_params + shape.lm_head_params
-        note = (f"int8 + a {profile.dtype} scale per row for {count_text(int8_params)} linear params, "
-                f"{profile.dtype} for {count_text(shape.params - int8_params)}")
+        unquantized = shape.params - shape.linear_params - shape.lm_head_params
+        copy = " (the tied head as its own copy)" if shape.tie_word_embeddings else ""
+        note = (f"int8 + a {profile.dtype} scale per row for {count_text(int8_params(shape))} linear "
+                f"params{copy}, {profile.dtype} for {count_text(unquantized)}")
     else:
         quantized = "nf4 + double quant" if profile.double_quant else "nf4"
         note = (f"{quantized} ({nf4_bits(profile):.2f} bits) for {count_text(shape.linear_params)} linear "

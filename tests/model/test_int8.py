@@ -3,11 +3,14 @@ within their bound, are planned as they are held, and refuse what they cannot do
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from msgspec.structs import replace
+from safetensors.torch import load_file, save_file
 
 from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
@@ -58,14 +61,33 @@ def test_an_int8_linear_multiplies_by_its_dequantized_weight(rows: int, bias: bo
     assert float((layer.dequantized().float() - linear.weight.detach().float()).abs().max()) < 0.01
 
 
-def test_tied_and_float16_weights_stay_as_they_are() -> None:
+def test_a_tied_head_gets_its_own_int8_copy_and_float16_stays() -> None:
     model = TiedAndHalf()
+    embedding = model.embed.weight.detach().clone()
     report = quantize_linears(model)
-    assert report.quantized == 1 and isinstance(model.proj, Int8Linear)
-    assert report.int8_bytes == 16 * 16 + 16 * 4  # int8 weight + a float32 scale per row
-    assert report.skipped == {"half": "float16 weights", "head": "weight shared with another module (tied)"}
-    assert model.head.weight is model.embed.weight
-    assert "1 Linear layers in int8" in report.summary() and "tied" in report.summary()
+    assert report.quantized == 2 and isinstance(model.proj, Int8Linear) and isinstance(model.head, Int8Linear)
+    assert report.tied_copies == ("head",) and report.skipped == {"half": "float16 weights"}
+    assert report.int8_bytes == 16 * 16 + 16 * 4 + 32 * 16 + 32 * 4  # int8 weights + a float32 scale per row
+    torch.testing.assert_close(model.embed.weight.detach(), embedding, rtol=0, atol=0)  # kept as it was
+    step = float(embedding.abs().max()) / 127
+    torch.testing.assert_close(model.head.dequantized(), embedding, rtol=0, atol=step)
+    assert "head as its own int8 copy" in report.summary() and "float16" in report.summary()
+
+
+def test_a_tied_model_is_planned_and_held_with_its_head_copied(tiny_model: Path, tmp_path: Path) -> None:
+    tied = tmp_path / "tied"
+    shutil.copytree(tiny_model, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": True}))
+    tensors = load_file(tied / "model.safetensors")
+    del tensors["lm_head.weight"]  # as a tied checkpoint is saved: the head is the embedding
+    save_file(tensors, tied / "model.safetensors", metadata={"format": "pt"})
+    model, report = load_model(tied, INT8)
+    assert report.quantized is not None and report.quantized.tied_copies == ("lm_head",)
+    assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+    plan = memory_plan(read_model_shape(tied), INT8, MemoryBudget(1 << 40, "test"))
+    assert plan.weight_bytes == pytest.approx(report.weight_bytes, rel=0.01)
+    assert "the tied head as its own copy" in render_plan(plan)
 
 
 def test_the_int8_profile_serves_close_to_bfloat16_in_half_the_linear_bytes(tiny_model: Path) -> None:

@@ -35,6 +35,8 @@ for _cache in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
     os.environ.setdefault(_cache, PRIMITIVE_CACHE_ENTRIES)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# Why a Linear layer whose weight another module holds (a tied output head) is left alone.
+TIED = "weight shared with another module (tied)"
 # The row count oneDNN picks the packed layout for; any row count runs on it.
 LAYOUT_ROWS = 8
 
@@ -147,7 +149,7 @@ def kept_reason(module: torch.nn.Linear, shared: set[int]) -> str | None:
     if weight.dtype not in PACKABLE_DTYPES:
         return f"{str(weight.dtype).removeprefix('torch.')} weights"
     if id(weight) in shared:
-        return "weight shared with another module (tied)"
+        return TIED
     return None
 
 
