@@ -3,8 +3,10 @@
 A decode step reads every weight once per token, so on a CPU its speed is the weights' bytes
 over the memory bandwidth. Stored as int8 with one scale per output channel, a weight is half
 its bfloat16 bytes, and torch's `_weight_int8pack_mm` multiplies bfloat16 activations by it
-without a dequantized copy. Measured on the 2-core EPYC (scripts/matmul_bench.py), one row:
-1.7-1.9x faster than the best bfloat16 path (oneDNN prepacked); 8 rows 1.1-1.3x.
+without a dequantized copy. Measured on the 2-core EPYC (the demo models' MLP shapes, weights
+cold in memory, 2 threads), one row: 1.2-1.9x faster than the best bfloat16 path (oneDNN
+prepacked); but the kernel reads the weight once per row, so 8 rows run 0.7-0.85x of it: int8
+is the profile for one stream, not for a full batch.
 
 Quantization is symmetric per output channel: scale = max |w| / 127 over the row (rounded to
 the compute dtype first, so the int8 values are exact for the scale actually used), w ≈ q *
