@@ -25,6 +25,13 @@ LLAMA_3_1_8B: dict[str, Any] = {
     "mlp_bias": False,
 }
 
+LLAMA_3_1_70B: dict[str, Any] = LLAMA_3_1_8B | {
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+}
+
 QWEN2_5_7B: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
