@@ -20,7 +20,8 @@ from llmd.errors import (
 )
 from llmd.preflight.hardware import choose_profile, cuda_available, detect_hardware
 from llmd.preflight.plan import MemoryPlan, plan_for_model
-from llmd.preflight.render import render_plan
+from llmd.preflight.ranks import plan_ranks_for_model
+from llmd.preflight.render import render_plan, render_ranks
 from llmd.runtime import configure_logging, event_loop_factory
 
 log = logging.getLogger("llmd")
@@ -88,6 +89,9 @@ def add_check_command(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory", metavar="SIZE",
                         help="plan a CUDA profile against a card of this size (12GiB, 24GB) instead of "
                              "measuring free memory; works on any machine")
+    parser.add_argument("--gpus", type=int, metavar="N",
+                        help="GPUs per node to plan an `engine: vllm` profile for, with --gpu-memory per "
+                             "GPU; works on any machine")
     parser.add_argument("--no-load", action="store_true",
                         help="only the plan: do not load the model to measure it and run the checklist")
     parser.set_defaults(run=run_check)
@@ -114,8 +118,18 @@ def run_check(args: argparse.Namespace) -> int:
     """The memory plan, then (when it fits and the device is here) load, measure and check.
 
     Exit 0 when it fits and every checklist line passes, EXIT_PREFLIGHT when it does not
-    fit, 1 when a checklist line fails.
+    fit, 1 when a checklist line fails. An `engine: vllm` profile gets its plan per GPU only.
     """
+    settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
+    profile = resolve_profile(settings.profile)
+    if profile.engine == "vllm":
+        model_dir, model_id = resolve_model(settings)
+        ranks = plan_ranks_for_model(model_dir, profile, args.gpu_memory, args.gpus, label=model_id)
+        print(render_ranks(ranks, profile))
+        return 0 if ranks.fits else EXIT_PREFLIGHT
+    if args.gpus is not None:
+        raise ConfigError(f"--gpus plans an `engine: vllm` profile; profile `{profile.name}` runs llmd's "
+                          "native engine on one device", param="gpus")
     plan, model_dir = check_plan(args)
     print(render_plan(plan), flush=True)
     if not plan.fits:
@@ -158,6 +172,10 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides)
     configure_logging(settings.log_level)
     profile = resolve_profile(settings.profile)
+    if profile.engine == "vllm":
+        raise ConfigError(f"profile `{profile.name}` asks for `engine: vllm`, which this llmd cannot "
+                          "serve yet (the vLLM engine is not built in); `llmd check --gpus N --gpu-memory "
+                          "SIZE` plans it", param="engine")
     model_dir, model_id = resolve_model(settings)
     plan = preflight(model_dir, model_id, profile)
     if not plan.fits:

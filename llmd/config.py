@@ -51,11 +51,39 @@ def parse_size(text: str | int) -> int:
     return int(float(match[1]) * _SIZE_UNITS[unit])
 
 
+class Parallel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """An `engine: vllm` profile's `parallel:` block: how many ways each kind of parallelism splits
+    the model or the traffic, and the machines it runs on (preflight/ranks.py plans each GPU)."""
+
+    tensor: Positive = 1  # GPUs each layer is sliced across (TP)
+    pipeline: Positive = 1  # stages the layers are split into (PP)
+    data: Positive = 1  # whole replicas serving traffic side by side (DP)
+    nodes: Positive = 1  # machines
+    master_addr: str | None = None  # the head node's private address, when nodes > 1
+    node_rank: Annotated[int, Meta(ge=0)] = 0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment uses in all."""
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def sizes(self) -> str:
+        """`TP 4 x PP 2 x DP 1 = 8 GPUs`, for messages and tables."""
+        return f"TP {self.tensor} x PP {self.pipeline} x DP {self.data} = {self.gpus} GPUs"
+
+
 class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How to run a model on one class of hardware (see `profiles/*.yaml`)."""
 
     name: str
     description: str = ""
+    # native: llmd's own worker and batches (one device). vllm: vLLM's engine behind the same API,
+    # for a model or traffic beyond one GPU (`parallel` sizes).
+    engine: Literal["native", "vllm"] = "native"
+    parallel: Parallel = msgspec.field(default_factory=Parallel)
+    # vllm: the KV cache's element type; auto is the compute dtype, fp8 halves it.
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
@@ -266,6 +294,12 @@ def _check_profile(profile: Profile, source: str) -> None:
                                 f"`{profile.device}`; set it to false")
     if profile.onednn_linear and profile.compile != "none":
         refuse("onednn_linear", "and `compile` both rewrite the Linear layers; keep one of them")
+    if profile.engine == "native" and profile.parallel != Parallel():
+        refuse("parallel", "sizes are for `engine: vllm`; the native engine runs one device")
+    if profile.engine == "native" and profile.kv_cache_dtype != "auto":
+        refuse("kv_cache_dtype", "is for `engine: vllm`; the native engine keeps its cache in `dtype`")
+    if profile.engine == "vllm":
+        _check_vllm_profile(profile, refuse)
     if profile.quantization == "int8" and profile.device != "cpu":
         refuse("quantization", "int8 is weight-only int8 for the CPU's kernels, but `device` is "
                                f"`{profile.device}`; on CUDA use nf4")
@@ -285,6 +319,23 @@ def _check_profile(profile: Profile, source: str) -> None:
                                    f"{profile.max_context}")
     if profile.device == "cpu" and profile.dtype == "float16":
         refuse("dtype", "float16 matmuls are slow or missing on CPUs; use float32 or bfloat16")
+
+
+def _check_vllm_profile(profile: Profile, refuse: typing.Callable[[str, str], None]) -> None:
+    """What an `engine: vllm` profile cannot ask for: llmd's own quantizations and fast paths, a
+    node rank beyond the nodes, several nodes without the head's address."""
+    if profile.quantization != "none":
+        refuse("quantization", f"{profile.quantization} is the native engine's; with `engine: vllm` "
+                               "use fp8 weights or an AWQ/GPTQ checkpoint (vLLM has no bitsandbytes "
+                               "path here), or `engine: native`")
+    if profile.onednn_linear:
+        refuse("onednn_linear", "packs the native engine's Linear layers; set it to false with "
+                                "`engine: vllm`")
+    parallel = profile.parallel
+    if parallel.node_rank >= parallel.nodes:
+        refuse("parallel", f"`node_rank` {parallel.node_rank} is not below `nodes` {parallel.nodes}")
+    if parallel.nodes > 1 and not parallel.master_addr:
+        refuse("parallel", f"{parallel.nodes} nodes need `master_addr`, the head node's private address")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

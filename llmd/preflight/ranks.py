@@ -18,30 +18,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
-import msgspec
-
-from llmd.preflight.shape import DTYPE_BYTES, ModelShape
+from llmd.config import Parallel, Profile, parse_size
+from llmd.errors import ConfigError
+from llmd.preflight.plan import CUDA_CONTEXT_BYTES, effective_context, workspace_bytes
+from llmd.preflight.shape import DTYPE_BYTES, ModelShape, read_model_shape
 from llmd.units import short_bytes_text
 
 # KV-cache element types vLLM offers beside the compute dtype ("auto").
 KV_DTYPE_BYTES = {**DTYPE_BYTES, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 # vLLM pads the vocabulary of its parallel embedding and head to a multiple of this per shard group.
 VOCAB_PADDING = 64
-
-
-class Parallel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A profile's `parallel:` block: sizes of each kind of parallelism, and the machines."""
-
-    tensor: int = 1
-    pipeline: int = 1
-    data: int = 1
-    nodes: int = 1
-
-    @property
-    def gpus(self) -> int:
-        """GPUs the deployment uses in all."""
-        return self.tensor * self.pipeline * self.data
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +53,12 @@ class StagePlan:
 class RankPlan:
     """The plan per GPU, what would make vLLM refuse (with fixes), and what only warrants a warning."""
 
+    model: str
+    shape: ModelShape
     parallel: Parallel
+    gpu_bytes: int
+    gpus_per_node: int
+    overhead_bytes: int
     stages: tuple[StagePlan, ...]
     context: int
     refusals: tuple[str, ...]
@@ -95,8 +88,30 @@ def padded_vocab(vocab_size: int, tensor: int) -> int:
     return math.ceil(vocab_size / (VOCAB_PADDING * tensor)) * VOCAB_PADDING * tensor
 
 
+def plan_ranks_for_model(model: str | Path, profile: Profile, gpu_memory: str | None, gpus: int | None,
+                         label: str) -> RankPlan:
+    """`llmd check` for an `engine: vllm` profile: each GPU of `gpus` per node of `gpu_memory` each."""
+    if gpu_memory is None or gpus is None:
+        raise ConfigError(f"profile `{profile.name}` runs vLLM on {profile.parallel.sizes}: plan it with "
+                          "--gpus N (per node) and --gpu-memory SIZE (per GPU), e.g. --gpus 8 --gpu-memory "
+                          "80GiB", param="gpus")
+    if gpus < 1:
+        raise ConfigError(f"--gpus: {gpus} is not a GPU count", param="gpus")
+    try:
+        gpu_bytes = parse_size(gpu_memory)
+    except ValueError as exc:
+        raise ConfigError(f"--gpu-memory: {exc}", param="gpu_memory") from exc
+    shape = read_model_shape(model)
+    tp = profile.parallel.tensor
+    # per GPU: the CUDA context, a TP slice of the prefill activations, the profile's headroom
+    overhead = CUDA_CONTEXT_BYTES + workspace_bytes(shape, profile) // tp + profile.headroom_bytes
+    return rank_plan(shape, profile.parallel, gpu_bytes=gpu_bytes, gpus_per_node=gpus, dtype=profile.dtype,
+                     kv_dtype=profile.kv_cache_dtype, context=effective_context(shape, profile),
+                     overhead_bytes=overhead, model=label)
+
+
 def rank_plan(shape: ModelShape, parallel: Parallel, *, gpu_bytes: int, gpus_per_node: int, dtype: str,
-              kv_dtype: str, context: int, overhead_bytes: int) -> RankPlan:
+              kv_dtype: str, context: int, overhead_bytes: int, model: str = "model") -> RankPlan:
     """Each stage's GPU: weights, KV bytes per token, what is left for the KV cache; refusals and
     warnings. `overhead_bytes` is what a GPU holds besides weights and KV (CUDA context, activations,
     graphs, headroom); `kv_dtype` "auto" is the compute dtype."""
@@ -123,7 +138,8 @@ def rank_plan(shape: ModelShape, parallel: Parallel, *, gpu_bytes: int, gpus_per
         stages.append(StagePlan(index, layers, weights, heads, kv_per_token, left))
     for stage in stages:
         refusals += _memory_refusals(stage, parallel, context, gpu_bytes)
-    return RankPlan(parallel, tuple(stages), context, tuple(refusals), tuple(warnings))
+    return RankPlan(model, shape, parallel, gpu_bytes, gpus_per_node, overhead_bytes, tuple(stages), context,
+                    tuple(refusals), tuple(warnings))
 
 
 def _layer_params_per_gpu(shape: ModelShape, tensor: int, kv_heads: int) -> int:

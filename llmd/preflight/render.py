@@ -10,7 +10,8 @@ import math
 
 from llmd.config import Profile
 from llmd.preflight.plan import Fixes, FourBitOption, MemoryPlan, PlanItem
-from llmd.units import GiB, bytes_text, count_text
+from llmd.preflight.ranks import RankPlan
+from llmd.units import GiB, bytes_text, count_text, short_bytes_text
 
 
 def render_plan(plan: MemoryPlan) -> str:
@@ -89,3 +90,36 @@ def _fix_line(change: str, note: str) -> str:
     return f"  {change:<28} {note}"
 
 
+
+
+def render_ranks(plan: RankPlan, profile: Profile) -> str:
+    """An `engine: vllm` profile's plan per GPU: one row per pipeline stage (every TP rank and DP
+    replica of a stage holds the same), warnings, then the verdict with what to change."""
+    parallel = plan.parallel
+    machines = f"{parallel.nodes} node(s) x {plan.gpus_per_node} GPU(s) of {bytes_text(plan.gpu_bytes)}"
+    kv = profile.dtype if profile.kv_cache_dtype == "auto" else profile.kv_cache_dtype
+    lines = [
+        f"parallel plan: {plan.model} with profile {profile.name} (vllm, {profile.dtype}, kv cache {kv}, "
+        f"{parallel.sizes} on {machines})",
+        f"  model     {count_text(plan.shape.params)} params, {plan.shape.layers} layers, {plan.shape.heads} "
+        f"heads, {plan.shape.kv_heads} kv heads; {plan.context} tokens per request",
+        f"  per GPU besides weights and KV: {bytes_text(plan.overhead_bytes)} (CUDA context, a TP slice "
+        "of the prefill activations, memory_headroom)",
+        "",
+        f"  {'stage':<6}{'layers':>7}{'weights/GPU':>14}{'kv heads':>10}{'kv/token':>11}{'kv cache/GPU':>15}"
+        f"{'tokens/GPU':>12}",
+    ]
+    for stage in plan.stages:
+        lines.append(f"  {stage.stage:<6}{stage.layers:>7}{bytes_text(stage.weight_bytes):>14}"
+                     f"{stage.kv_heads:>10}{short_bytes_text(stage.kv_bytes_per_token):>11}"
+                     f"{bytes_text(max(0, stage.kv_cache_bytes)):>15}{stage.tokens:>12}")
+    lines.append("")
+    lines += [f"warning: {warning}" for warning in plan.warnings]
+    if plan.fits:
+        fewest = min(stage.tokens for stage in plan.stages)
+        lines.append(f"FITS: {fewest // plan.context} requests at {plan.context} tokens per DP replica "
+                     f"({fewest} tokens of KV cache on the fullest GPU)")
+    else:
+        lines.append("DOES NOT FIT:")
+        lines += [f"  {refusal}" for refusal in plan.refusals]
+    return "\n".join(lines)

@@ -106,6 +106,15 @@ def test_check_without_cuda_refuses_a_cuda_profile_and_names_gpu_memory(tmp_path
     assert "CUDA is not available here" in result.stderr and "--gpu-memory" in result.stderr
 
 
+def test_serve_refuses_an_engine_it_does_not_have_with_78(tmp_path: Path) -> None:
+    profile = tmp_path / "tp.yaml"
+    profile.write_text("engine: vllm\ndevice: cuda\ndtype: bfloat16\nparallel:\n  tensor: 2\n")
+    result = llmd("serve", "--model", str(tmp_path), "--profile", str(profile))
+    assert result.returncode == 78, result.stderr
+    assert "cannot serve yet (the vLLM engine is not built in)" in result.stderr
+    assert "llmd check --gpus N --gpu-memory SIZE" in result.stderr
+
+
 def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_path: Path) -> None:
     model = tmp_path / "config-only"  # no weights, no tokenizer: loading would fail with 1
     model.mkdir()

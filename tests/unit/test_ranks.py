@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
-from llmd.preflight.ranks import Parallel, kv_heads_per_gpu, padded_vocab, rank_plan, stage_layers
+from llmd.cli import main
+from llmd.config import Parallel, load_profile
+from llmd.errors import ConfigError
+from llmd.preflight.ranks import kv_heads_per_gpu, padded_vocab, rank_plan, stage_layers
 from llmd.preflight.shape import shape_from_config
 from llmd.units import GiB
 from tests.helpers.configs import LLAMA_3_1_8B, LLAMA_3_1_70B, QWEN2_5_7B
@@ -102,3 +109,58 @@ def test_a_context_longer_than_the_kv_room_is_refused_with_the_longest_that_fits
 def test_data_parallel_replicas_add_gpus_not_memory_per_gpu() -> None:
     assert plan(tensor=2, data=4).stages == plan(tensor=2).stages
     assert Parallel(tensor=2, pipeline=2, data=2).gpus == 8
+
+
+# --- the profile keys and `llmd check` -------------------------------------------------------
+
+
+def vllm_profile(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "tp.yaml"
+    path.write_text("engine: vllm\ndevice: cuda\ndtype: bfloat16\nmax_context: 8192\nmemory_headroom: 1GiB\n"
+                    "parallel:\n  tensor: 4\n  pipeline: 2\n" + extra)
+    return path
+
+
+def config_only_model(tmp_path: Path) -> Path:
+    model = tmp_path / "llama-70b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_3_1_70B))
+    return model
+
+
+def test_check_prints_the_plan_per_gpu_and_exits_by_whether_it_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, profile = str(config_only_model(tmp_path)), str(vllm_profile(tmp_path))
+    plan = ["check", "--model", model, "--profile", profile, "--gpu-memory", "80GiB"]
+    assert main([*plan, "--gpus", "8"]) == 0
+    table = capsys.readouterr().out
+    assert "TP 4 x PP 2 x DP 1 = 8 GPUs on 1 node(s) x 8 GPU(s) of 80.00 GiB" in table
+    rows = [line.split() for line in table.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert [row[:2] for row in rows] == [["0", "40"], ["1", "40"]] and "FITS:" in table
+    assert main([*plan, "--gpus", "4"]) == 77
+    assert "8 GPUs, but 1 node(s) x 4 GPU(s) = 4" in capsys.readouterr().out
+    assert main(["check", "--model", model, "--profile", profile]) == 78  # no machine to plan for
+    assert "--gpus N (per node) and --gpu-memory SIZE" in capsys.readouterr().err
+
+
+def test_gpus_are_refused_for_a_native_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(config_only_model(tmp_path))
+    assert main(["check", "--model", model, "--profile", "cpu", "--gpus", "2", "--no-load"]) == 78
+    assert "runs llmd's native engine on one device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("parallel:\n  tensor: 2\n", "`parallel`: sizes are for `engine: vllm`"),
+    ("kv_cache_dtype: fp8\n", "`kv_cache_dtype`: is for `engine: vllm`"),
+    ("engine: vllm\nquantization: nf4\n", "use fp8 weights or an AWQ/GPTQ checkpoint"),
+    ("engine: vllm\nonednn_linear: true\n", "set it to false with `engine: vllm`"),
+    ("engine: vllm\nparallel:\n  nodes: 2\n", "2 nodes need `master_addr`"),
+    ("engine: vllm\nparallel:\n  nodes: 2\n  node_rank: 2\n  master_addr: 10.0.0.1\n",
+     "`node_rank` 2 is not below"),
+])
+def test_profile_keys_that_contradict_the_engine_are_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_profile(str(path))
