@@ -20,7 +20,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TESTS = Path(__file__).parent
-TIERS = ("unit", "model", "engine", "api", "e2e", "gpu")
+TIERS = ("unit", "model", "engine", "api", "e2e", "gpu", "vllm")
 
 
 def tier_of(item: pytest.Item) -> str | None:

@@ -1,0 +1,59 @@
+"""vLLM's engine arguments from an llmd profile: the one mapping the head and its workers share.
+
+The head (llmd's engine, in process) and every headless worker node (`vllm serve --headless`,
+written into its systemd unit by `llmd install-service --worker`) start from the same profile
+through `engine_args`, so their parallel sizes, dtype, context and cache cannot drift apart.
+
+Memory is what preflight computed (`kv_cache_memory_bytes`: the KV room of the fullest GPU in the
+per-rank plan), never a utilization fraction vLLM would measure and never `cpu_offload_gb`. Pure:
+no vLLM import here; the names are those of vLLM's `EngineArgs` (0.32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmd.config import Profile
+from llmd.preflight.ranks import RankPlan
+
+# vLLM reports usage statistics to a remote host unless told not to.
+ENVIRONMENT = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def engine_args(model_dir: str, profile: Profile, plan: RankPlan) -> dict[str, Any]:
+    """Keyword arguments for vLLM's `AsyncEngineArgs` that serve `model_dir` as `profile` says."""
+    parallel = profile.parallel
+    args: dict[str, Any] = {
+        "model": model_dir,
+        "dtype": profile.dtype,
+        "kv_cache_dtype": profile.kv_cache_dtype,
+        "max_model_len": plan.context,
+        "max_num_seqs": profile.max_running,
+        "tensor_parallel_size": parallel.tensor,
+        "pipeline_parallel_size": parallel.pipeline,
+        "data_parallel_size": parallel.data,
+        "distributed_executor_backend": "mp",
+        "enable_prefix_caching": profile.prefix_cache_tokens > 0,
+        # compile: none is eager; any other mode leaves vLLM its own compilation and CUDA graphs
+        "enforce_eager": profile.compile == "none",
+        "kv_cache_memory_bytes": min(stage.kv_cache_bytes for stage in plan.stages),
+    }
+    if parallel.nodes > 1:
+        args |= {"nnodes": parallel.nodes, "node_rank": parallel.node_rank,
+                 "master_addr": parallel.master_addr}
+    return args
+
+
+def worker_command(args: dict[str, Any], node_rank: int) -> list[str]:
+    """`vllm serve` flags for a headless worker on node `node_rank`, from the head's `engine_args`."""
+    model = args["model"]
+    flags = ["serve", str(model), "--headless"]
+    for key, value in {**args, "node_rank": node_rank}.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            flags += [flag, str(value)]
+    return flags

@@ -1,0 +1,51 @@
+"""vLLM's engine arguments and a headless worker's command, from one profile and its per-GPU plan."""
+
+from __future__ import annotations
+
+from llmd.config import Parallel, Profile
+from llmd.engine.vllm.args import ENVIRONMENT, engine_args, worker_command
+from llmd.preflight.ranks import rank_plan
+from llmd.preflight.shape import shape_from_config
+from tests.helpers.configs import LLAMA_3_1_70B
+
+SHAPE = shape_from_config(LLAMA_3_1_70B)
+
+
+def profile(**parallel: object) -> Profile:
+    return Profile(name="tp", engine="vllm", device="cuda", dtype="bfloat16", max_running=16,
+                   max_context=8192, parallel=Parallel(**parallel))  # type: ignore[arg-type]
+
+
+def test_the_engine_arguments_come_from_the_profile_and_the_plan() -> None:
+    tp4_pp2 = profile(tensor=4, pipeline=2)
+    plan = rank_plan(SHAPE, tp4_pp2.parallel, gpu_bytes=80 << 30, gpus_per_node=8, dtype="bfloat16",
+                     kv_dtype="auto", context=6144, overhead_bytes=2 << 30)
+    args = engine_args("/models/llama", tp4_pp2, plan)
+    assert args == {
+        "model": "/models/llama", "dtype": "bfloat16", "kv_cache_dtype": "auto", "max_model_len": 6144,
+        "max_num_seqs": 16, "tensor_parallel_size": 4, "pipeline_parallel_size": 2, "data_parallel_size": 1,
+        "distributed_executor_backend": "mp", "enable_prefix_caching": True, "enforce_eager": True,
+        "kv_cache_memory_bytes": min(stage.kv_cache_bytes for stage in plan.stages),
+    }
+    assert ENVIRONMENT["VLLM_NO_USAGE_STATS"] == "1"  # no usage report to a remote host
+
+
+def test_several_nodes_add_the_rendezvous_and_the_worker_command_repeats_every_argument() -> None:
+    two_nodes = profile(tensor=8, pipeline=2, nodes=2, master_addr="10.0.0.1")
+    plan = rank_plan(SHAPE, two_nodes.parallel, gpu_bytes=80 << 30, gpus_per_node=8, dtype="bfloat16",
+                     kv_dtype="auto", context=8192, overhead_bytes=2 << 30)
+    args = engine_args("/models/llama", two_nodes, plan) | {"enable_prefix_caching": False}
+    assert (args["nnodes"], args["node_rank"], args["master_addr"]) == (2, 0, "10.0.0.1")
+    command = worker_command(args, node_rank=1)
+    assert command[:3] == ["serve", "/models/llama", "--headless"]
+    flags = command[3:]
+    values = {flag: value for flag, value in zip(flags, [*flags[1:], "--"], strict=True)
+              if flag.startswith("--") and not value.startswith("--")}
+    switches = {flag for flag, after in zip(flags, [*flags[1:], "--"], strict=True)
+                if flag.startswith("--") and after.startswith("--")}
+    assert values["--tensor-parallel-size"] == "8" and values["--node-rank"] == "1"
+    assert values["--master-addr"] == "10.0.0.1" and values["--kv-cache-dtype"] == "auto"
+    assert values["--kv-cache-memory-bytes"] == str(args["kv_cache_memory_bytes"])
+    assert switches == {"--no-enable-prefix-caching", "--enforce-eager"}
+    assert len(values) + len(switches) == len(args) - 1  # every argument but the model, once
+    assert "--model" not in command
