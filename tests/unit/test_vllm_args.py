@@ -1,9 +1,12 @@
-"""vLLM's engine arguments and a headless worker's command, from one profile and its per-GPU plan."""
+"""vLLM's engine arguments and a headless worker's command, from one profile and its per-GPU plan;
+vLLM's sampling parameters from a request's."""
 
 from __future__ import annotations
 
 from llmd.config import Parallel, Profile
+from llmd.engine.types import SamplingParams
 from llmd.engine.vllm.args import ENVIRONMENT, engine_args, worker_command
+from llmd.engine.vllm.sampling import sampling_kwargs
 from llmd.preflight.ranks import rank_plan
 from llmd.preflight.shape import shape_from_config
 from tests.helpers.configs import LLAMA_3_1_70B
@@ -49,3 +52,20 @@ def test_several_nodes_add_the_rendezvous_and_the_worker_command_repeats_every_a
     assert switches == {"--no-enable-prefix-caching", "--enforce-eager"}
     assert len(values) + len(switches) == len(args) - 1  # every argument but the model, once
     assert "--model" not in command
+
+
+def test_a_request_samples_on_vllm_as_it_asked_and_returns_ids_one_token_a_delta() -> None:
+    params = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1,
+                            presence_penalty=0.5, frequency_penalty=0.25, stop=("\n\n",), min_p=0.05,
+                            repetition_penalty=1.1, stop_token_ids=(7,), min_tokens=3,
+                            logit_bias=((5, -100.0), (9, 2.5)), logprobs=2, prompt_logprobs=1)
+    kwargs = sampling_kwargs(params)
+    assert kwargs == {
+        "n": 1, "max_tokens": 64, "min_tokens": 3, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
+        "min_p": 0.05, "seed": 2**64 - 1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "repetition_penalty": 1.1, "stop_token_ids": [7], "ignore_eos": False,
+        "logit_bias": {5: -100.0, 9: 2.5}, "logprobs": 2, "prompt_logprobs": 1,
+        "detokenize": False, "stream_interval": 1,
+    }  # no stop strings: llmd finds them in its own text and aborts the request
+    greedy = sampling_kwargs(SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert greedy["temperature"] == 0.0 and greedy["logit_bias"] is None and greedy["ignore_eos"]

@@ -1,5 +1,6 @@
-"""llmd's vLLM arguments against vLLM itself: every engine argument is one of `AsyncEngineArgs`'s, and
-vLLM's own `serve` parser reads a headless worker's command back to the same values.
+"""llmd's vLLM arguments against vLLM itself: every engine argument is one of `AsyncEngineArgs`'s,
+vLLM's own `serve` parser reads a headless worker's command back to the same values, and vLLM's
+`SamplingParams` takes a request's sampling as it is.
 
 Skipped without vLLM; run in the vLLM environment (README: "The vLLM environment")."""
 
@@ -12,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from llmd.config import Parallel, Profile
+from llmd.engine.types import SamplingParams
 from llmd.engine.vllm.args import engine_args, worker_command
+from llmd.engine.vllm.sampling import sampling_kwargs
 from llmd.preflight.ranks import rank_plan
 from llmd.preflight.shape import shape_from_config
 from tests.helpers.configs import LLAMA_3_1_70B
@@ -22,6 +25,7 @@ with warnings.catch_warnings():
     arg_utils = pytest.importorskip("vllm.engine.arg_utils")
     serve = pytest.importorskip("vllm.entrypoints.cli.serve")
     argparse_utils = pytest.importorskip("vllm.utils.argparse_utils")
+    vllm = pytest.importorskip("vllm")
 
 
 def test_vllm_takes_the_engine_arguments_and_parses_the_worker_command_to_them(tmp_path: Path) -> None:
@@ -40,3 +44,14 @@ def test_vllm_takes_the_engine_arguments_and_parses_the_worker_command_to_them(t
     assert parsed.model_tag == str(model) and parsed.headless
     expected = {key: value for key, value in {**args, "node_rank": 1}.items() if key != "model"}
     assert {key: getattr(parsed, key) for key in expected} == expected
+
+
+def test_vllm_takes_a_requests_sampling_parameters_as_they_are() -> None:
+    params = SamplingParams(max_tokens=64, temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1, min_p=0.05,
+                            presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1,
+                            stop_token_ids=(7,), min_tokens=3, logit_bias=((5, -100.0),), logprobs=2)
+    kwargs = sampling_kwargs(params)
+    taken = vllm.SamplingParams(**kwargs, output_kind=vllm.sampling_params.RequestOutputKind.DELTA)
+    assert {key: getattr(taken, key) for key in kwargs} == kwargs
+    greedy = vllm.SamplingParams(**sampling_kwargs(SamplingParams(max_tokens=4, temperature=0.0)))
+    assert greedy.sampling_type == vllm.sampling_params.SamplingType.GREEDY
