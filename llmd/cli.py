@@ -122,15 +122,15 @@ def run_check(args: argparse.Namespace) -> int:
     """
     settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
     profile = resolve_profile(settings.profile)
+    model_dir, model_id = resolve_model(settings)
     if profile.engine == "vllm":
-        model_dir, model_id = resolve_model(settings)
         ranks = plan_ranks_for_model(model_dir, profile, args.gpu_memory, args.gpus, label=model_id)
         print(render_ranks(ranks, profile))
         return 0 if ranks.fits else EXIT_PREFLIGHT
     if args.gpus is not None:
         raise ConfigError(f"--gpus plans an `engine: vllm` profile; profile `{profile.name}` runs llmd's "
                           "native engine on one device", param="gpus")
-    plan, model_dir = check_plan(args)
+    plan = plan_for_model(model_dir, profile, args.gpu_memory, label=model_id)
     print(render_plan(plan), flush=True)
     if not plan.fits:
         return EXIT_PREFLIGHT
@@ -155,14 +155,6 @@ def load_skipped_because(args: argparse.Namespace, profile: Profile) -> str | No
     if profile.device == "cuda" and not cuda_available():
         return "the profile runs on CUDA and this machine has none; the plan above is for --gpu-memory"
     return None
-
-
-def check_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
-    """The memory plan `llmd check` prints, for the model and profile `serve` would use."""
-    settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
-    profile = resolve_profile(settings.profile)
-    model_dir, model_id = resolve_model(settings)
-    return plan_for_model(model_dir, profile, args.gpu_memory, label=model_id), model_dir
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -54,17 +54,8 @@ bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run against SIDE (llmd |
     > "$OUT/$name.json" 2> "$OUT/$name.err")
 }
 
-C1=(-c 1 -n "${C1_N:-8}" --max-tokens 128)
-C8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
-for side in llmd peer; do
-  bench "warm-c1-$side" "$side" -c 1 -n 1 --max-tokens 128
-  bench "warm-c8-$side" "$side" -c 8 -n 1 --max-tokens 64
-done
-for r in $(seq 1 "$ROUNDS"); do
-  sides="llmd peer"; [ $((r % 2)) -eq 0 ] && sides="peer llmd"
-  for side in $sides; do bench "c1-$side-$r" "$side" "${C1[@]}"; done
-  for side in $sides; do bench "c8-$side-$r" "$side" "${C8[@]}"; done
-done
+. "$TREE/scripts/ab_rounds.sh"
+ab_rounds "$ROUNDS" llmd peer
 stop
 echo "llmd: $MODEL, profile $PROFILE   llama-server: $GGUF, $THREADS threads"
 "$PY" "$TREE/scripts/peer_ab.py" "$OUT"

@@ -32,17 +32,8 @@ bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-pro
     > "$OUT/$name.json" 2> "$OUT/$name.err")
 }
 
-C1=(-c 1 -n "${C1_N:-8}" --max-tokens 128)
-C8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
-for side in http inproc; do
-  bench "warm-c1-$side" "$side" -c 1 -n 1 --max-tokens 128
-  bench "warm-c8-$side" "$side" -c 8 -n 1 --max-tokens 64
-done
-for r in $(seq 1 "$ROUNDS"); do
-  sides="http inproc"; [ $((r % 2)) -eq 0 ] && sides="inproc http"
-  for side in $sides; do bench "c1-$side-$r" "$side" "${C1[@]}"; done
-  for side in $sides; do bench "c8-$side-$r" "$side" "${C8[@]}"; done
-done
+. "$TREE/scripts/ab_rounds.sh"
+ab_rounds "$ROUNDS" http inproc
 stop
 echo "model $MODEL, profile $PROFILE"
 "$PY" "$TREE/scripts/peer_ab.py" "$OUT" http inproc

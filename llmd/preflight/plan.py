@@ -147,13 +147,12 @@ def nf4_bits(profile: Profile) -> float:
 
 def weight_bytes(shape: ModelShape, profile: Profile) -> int:
     """All weights in the compute dtype; with nf4 the decoder's linear weights at `nf4_bits`; with
-    int8 those and an untied lm_head at a byte each, plus a scale per output row."""
+    int8 those and the output head at a byte each (`int8_params`), plus a scale per output row."""
     dtype_bytes = DTYPE_BYTES[profile.dtype]
     if profile.quantization == "none":
         return shape.params * dtype_bytes
     if profile.quantization == "int8":
-        unquantized = shape.params - shape.linear_params - shape.lm_head_params
-        return int8_params(shape) + int8_rows(shape) * dtype_bytes + unquantized * dtype_bytes
+        return int8_params(shape) + (int8_rows(shape) + int8_kept_params(shape)) * dtype_bytes
     unquantized = shape.params - shape.linear_params
     return math.ceil(shape.linear_params * nf4_bits(profile) / 8) + unquantized * dtype_bytes
 
@@ -162,6 +161,11 @@ def int8_params(shape: ModelShape) -> int:
     """Weights int8 holds: the decoder's linear layers and the output head (a tied one copied)."""
     head = shape.embedding_params if shape.tie_word_embeddings else shape.lm_head_params
     return shape.linear_params + head
+
+
+def int8_kept_params(shape: ModelShape) -> int:
+    """Weights int8 leaves in the compute dtype: the embedding (a tied one too), norms, biases."""
+    return shape.params - shape.linear_params - shape.lm_head_params
 
 
 def int8_rows(shape: ModelShape) -> int:
@@ -237,10 +241,9 @@ def _weights_item(shape: ModelShape, profile: Profile) -> PlanItem:
     if profile.quantization == "none":
         note = f"{profile.dtype}, {count_text(shape.params)} params"
     elif profile.quantization == "int8":
-        unquantized = shape.params - shape.linear_params - shape.lm_head_params
         copy = " (the tied head as its own copy)" if shape.tie_word_embeddings else ""
         note = (f"int8 + a {profile.dtype} scale per row for {count_text(int8_params(shape))} linear "
-                f"params{copy}, {profile.dtype} for {count_text(unquantized)}")
+                f"params{copy}, {profile.dtype} for {count_text(int8_kept_params(shape))}")
     else:
         quantized = "nf4 + double quant" if profile.double_quant else "nf4"
         note = (f"{quantized} ({nf4_bits(profile):.2f} bits) for {count_text(shape.linear_params)} linear "

@@ -12,13 +12,14 @@ import torch
 from msgspec.structs import replace
 from safetensors.torch import load_file, save_file
 
-from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
 from llmd.engine.model import int8
+from llmd.engine.model.checklist import tuning_checklist
 from llmd.engine.model.int8 import Int8Linear, quantize_linears, quantize_rows
 from llmd.engine.model.loader import load_model, tensor_bytes
 from llmd.engine.model.probes import INT8_TOLERANCE
 from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.threads import ThreadPlan
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import ConfigError, PreflightRefusal
 from llmd.preflight.hardware import MemoryBudget
@@ -175,3 +176,12 @@ def test_the_plan_counts_loadings_bfloat16_peak_when_it_is_the_larger(tiny_model
     short = memory_plan(shape, lean, MemoryBudget(served + 1, "test"))
     assert not short.fits and short.fixes is not None  # serving would fit, loading would not
     assert memory_plan(shape, BF16, MemoryBudget(1 << 40, "test")).load_peak == 0
+
+
+def test_int8_layers_decode_a_lone_stream_on_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("llmd.engine.model.threads.psutil.cpu_count", lambda logical=True: 4)
+    int8_plan = ThreadPlan.for_profile(INT8)
+    plain = ThreadPlan.for_profile(replace(INT8, quantization="none"))  # no int8, no oneDNN packing
+    assert int8_plan is not None and plain is not None
+    assert (int8_plan.for_rows(1), int8_plan.for_rows(8)) == (4, 4)
+    assert (plain.for_rows(1), plain.for_rows(8)) == (3, 4)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from msgspec.structs import replace
 
-from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
+from llmd.engine.model.checklist import tuning_checklist
 from llmd.engine.model.loader import load_model, misplaced_tensors, target_device, verify_placement
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sdpa import BACKENDS, sdpa_backend_status

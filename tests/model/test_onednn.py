@@ -12,8 +12,8 @@ import pytest
 import torch
 from msgspec.structs import replace
 
-from llmd.checkup import tuning_checklist
 from llmd.config import load_profile
+from llmd.engine.model.checklist import tuning_checklist
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.loader import load_model, tensor_bytes
 from llmd.engine.model.onednn import PackedLinear, pack_linears, unpack_linears
