@@ -102,6 +102,11 @@ class BoundGrammar:
     compiled: CompiledGrammar
     tokenizer: Any  # llguidance's view of the vocabulary, sized to the model's logits
 
+    @property
+    def grammar(self) -> str:
+        """The validated grammar's text (llguidance's serialized form)."""
+        return self.compiled.grammar
+
     def matcher(self) -> LLMatcher:
         """A fresh matcher at the grammar's start."""
         return self.compiled.matcher(self.tokenizer)

@@ -140,6 +140,16 @@ class ChatTokenizer:
         self.marker_token = self._special_ids.get(detected.tools.start)
         self._skipped = frozenset(self._special_ids.values()) - {self.marker_token}
 
+    @property
+    def vocabulary_size(self) -> int:
+        """Ids the tokenizer knows, added tokens included (`len` of the Hugging Face tokenizer)."""
+        return len(self._tokenizer)
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's special tokens (BOS, EOS, pad, ... and special added tokens)."""
+        return frozenset(int(token) for token in self._tokenizer.all_special_ids)
+
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
         """Render messages with the chat template (by default with the generation prompt) into ids.

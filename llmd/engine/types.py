@@ -69,6 +69,11 @@ class TokenMatcher(Protocol):
 class Constraint(Protocol):
     """What a constrained request's output must follow: each request gets its own matcher over it."""
 
+    @property
+    def grammar(self) -> str:
+        """The llguidance grammar it follows, as text (for an engine that builds its own matchers: vLLM)."""
+        ...
+
     def matcher(self) -> TokenMatcher:
         """A fresh matcher at the grammar's start."""
         ...

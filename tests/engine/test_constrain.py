@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import llmd.engine.client as client_module
+import llmd.engine.prompts as prompts_module
 from llmd.engine.client import EngineClient
 from llmd.engine.types import ANY_OBJECT, GrammarRequest
 from llmd.engine.worker import EngineWorker
@@ -28,7 +28,7 @@ def test_grammars_share_one_vocabulary_view_and_a_cache(tiny_model: Path) -> Non
 def test_a_schema_that_does_not_compile_in_time_is_a_400(tiny_model: Path, monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
     async def body(engine: EngineClient, worker: EngineWorker) -> None:
-        monkeypatch.setattr(client_module, "GRAMMAR_SECONDS", 0.0)  # nothing compiles in no time
+        monkeypatch.setattr(prompts_module, "GRAMMAR_SECONDS", 0.0)  # nothing compiles in no time
         with pytest.raises(InvalidRequest, match="did not compile within") as caught:
             await engine.constrain(REQUEST)
         assert caught.value.param == "response_format"

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any
 
-from llmd.engine.client import Engine, choice_seed, context_budget
+from llmd.engine.client import Engine
+from llmd.engine.front import choice_seed
 from llmd.engine.grammar import CompiledGrammar, validated
+from llmd.engine.prompts import context_budget
 from llmd.engine.tool_format import PLAIN, ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
@@ -66,6 +68,10 @@ class FakeConstraint:
     """A validated grammar with no vocabulary: the fake never samples, so it never makes a matcher."""
 
     compiled: CompiledGrammar
+
+    @property
+    def grammar(self) -> str:
+        return self.compiled.grammar
 
     def matcher(self) -> TokenMatcher:
         raise AssertionError("the fake engine samples nothing")
