@@ -5,8 +5,8 @@ request when one completes), parses tool calls and thinking. So vLLM returns tok
 (`detokenize` off, no stop strings), one delta per token (`stream_interval` 1: chunks per token
 stay 1.00, where vLLM's own server may bunch). Ending by an id (EOS unless `ignore_eos`,
 `stop_token_ids`) and `min_tokens` are passed on, and both sides apply the same rule, so they
-agree on where a request ends. The grammar of a constrained request travels separately, as
-vLLM's structured outputs, set by the engine from the request's compiled grammar.
+agree on where a request ends. The grammar of a constrained request travels as vLLM's structured
+outputs (`request_kwargs`, from the grammar llmd validated: `structured.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmd.engine.types import SamplingParams
+from llmd.engine.vllm.structured import structured_outputs
 
 
 def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
@@ -38,3 +39,12 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "detokenize": False,
         "stream_interval": 1,
     }
+
+
+def request_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """`sampling_kwargs`, with a constrained request's grammar as `structured_outputs` keywords."""
+    kwargs = sampling_kwargs(params)
+    grammar = structured_outputs(params.constraint)
+    if grammar is not None:
+        kwargs["structured_outputs"] = grammar
+    return kwargs
