@@ -18,9 +18,9 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
-from llmd.preflight.hardware import choose_profile, cuda_available, detect_hardware
+from llmd.preflight.hardware import choose_profile, cuda_available, detect_hardware, rank_budget
 from llmd.preflight.plan import MemoryPlan, plan_for_model
-from llmd.preflight.ranks import plan_ranks_for_model
+from llmd.preflight.ranks import RankPlan, plan_ranks, plan_ranks_for_model
 from llmd.preflight.render import render_plan, render_ranks
 from llmd.runtime import configure_logging, event_loop_factory
 
@@ -164,10 +164,6 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, overrides)
     configure_logging(settings.log_level)
     profile = resolve_profile(settings.profile)
-    if profile.engine == "vllm":
-        raise ConfigError(f"profile `{profile.name}` asks for `engine: vllm`, which this llmd cannot "
-                          "serve yet (the vLLM engine is not built in); `llmd check --gpus N --gpu-memory "
-                          "SIZE` plans it", param="engine")
     model_dir, model_id = resolve_model(settings)
     plan = preflight(model_dir, model_id, profile)
     if not plan.fits:
@@ -188,8 +184,13 @@ def resolve_profile(name: str) -> Profile:
     return load_profile(chosen)
 
 
-def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan:
-    """Plan memory before any weight is loaded; log the plan, with its fixes when it cannot fit."""
+def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan | RankPlan:
+    """Plan memory before any weight is loaded; log the plan, with its fixes when it cannot fit.
+
+    An `engine: vllm` profile is planned per GPU of this machine, once vLLM is known to be here.
+    """
+    if profile.engine == "vllm":
+        return preflight_ranks(model_dir, model_id, profile)
     started = time.perf_counter()
     plan = plan_for_model(model_dir, profile, label=model_id)
     took = time.perf_counter() - started
@@ -198,6 +199,21 @@ def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan:
     else:
         log.error("not loading %s: it does not fit (exit %d)\n%s", model_dir, EXIT_PREFLIGHT,
                   render_plan(plan))
+    return plan
+
+
+def preflight_ranks(model_dir: str, model_id: str, profile: Profile) -> RankPlan:
+    """vLLM importable (else exit 78, naming scripts/vllm-env), then the plan per GPU of this machine."""
+    from llmd.engine.vllm.launch import require_vllm
+
+    require_vllm(profile)
+    gpu_bytes, gpus = rank_budget(profile)
+    plan = plan_ranks(model_dir, profile, gpu_bytes, gpus, label=model_id)
+    if not plan.fits:
+        log.error("not starting vLLM for %s: the plan refuses it (exit %d)\n%s", model_dir, EXIT_PREFLIGHT,
+                  render_ranks(plan, profile))
+        return plan
+    log.info("parallel plan:\n%s", render_ranks(plan, profile))
     return plan
 
 

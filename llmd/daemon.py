@@ -1,9 +1,10 @@
-"""`llmd serve`: builds the engine (worker and client), its metrics and the app, and runs them
-with a uvicorn server that drains, on one event loop.
+"""`llmd serve`: builds the engine (llmd's worker, or vLLM's for an `engine: vllm` profile), its
+metrics and the app, and runs them with a uvicorn server that drains, on one event loop.
 
-Start-up after the preflight (cli.py): the engine loads in its worker while uvicorn binds;
-READY=1, the watchdog and STATUS lines follow once the model is warm and the port listens.
-A stop signal drains (`DaemonServer`); a model that fails to load stops the server.
+Start-up after the preflight (cli.py): the engine loads (in its worker, or vLLM's processes)
+while uvicorn binds; READY=1, the watchdog and STATUS lines follow once the model is warm and the
+port listens. A stop signal drains (`DaemonServer`); an engine that fails stops the server. The
+daemon holds either engine as a `ServedEngine` and never asks which.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from llmd.api.connection import connection_protocol
 from llmd.api.responses.store import store_from_settings
 from llmd.config import API_KEY_ENV, Profile, Settings, api_keys
 from llmd.engine.client import EngineClient
+from llmd.engine.served import ServedEngine
+from llmd.errors import EXIT_CONFIG, ConfigError
 from llmd.preflight.plan import MemoryPlan
+from llmd.preflight.ranks import RankPlan
 from llmd.service.metrics import Metrics
 from llmd.service.notify import EngineHealth, Notifier, ServingStatus, Watchdog, engine_status, report_status
 from llmd.units import mib
@@ -39,14 +43,17 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_NOW_GRACE = 1.0
 
 
-async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str, plan: MemoryPlan) -> int:
-    """Run uvicorn and the engine on one event loop; 1 when the model fails to load."""
+Plan = MemoryPlan | RankPlan  # the native engine's plan, or an `engine: vllm` profile's per GPU
+
+
+async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: str, plan: Plan) -> int:
+    """Run uvicorn and the engine on one event loop; non-zero when the engine failed (`exit_status`)."""
     notifier = Notifier.from_environ()
     responses = await asyncio.to_thread(store_from_settings, settings)  # a bad file fails before the load
     if responses is not None:
         log.info("stored responses: %s", responses.path)
     notifier.status(f"loading {model_id} ({profile.name})")
-    engine = build_engine(model_dir, profile, plan.context, settings.fim_template)
+    engine = build_engine(model_dir, profile, plan, settings.fim_template)
     metrics = build_metrics(engine)
 
     async def drain() -> None:
@@ -95,18 +102,30 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
             responses.close()
         if watchdog is not None:
             watchdog.stop()
-    return 1 if engine.failed is not None and engine.failed.done() else 0
+    return exit_status(engine.failed)
 
 
-def build_engine(model_dir: str, profile: Profile, max_context: int,
-                 fim_template: str | None = None) -> EngineClient:
-    """The native engine: its worker thread (not started yet) and the client over it."""
+def exit_status(failed: asyncio.Future[BaseException] | None) -> int:
+    """0 after a clean stop; `EXIT_CONFIG` when the engine refused its configuration (a restart
+    cannot mend it: systemd does not retry); 1 when it failed otherwise (systemd restarts it)."""
+    if failed is None or not failed.done():
+        return 0
+    return EXIT_CONFIG if isinstance(failed.result(), ConfigError) else 1
+
+
+def build_engine(model_dir: str, profile: Profile, plan: Plan,
+                 fim_template: str | None = None) -> ServedEngine:
+    """The engine the plan is for (not started yet): vLLM's for a plan per GPU, else llmd's worker."""
+    if isinstance(plan, RankPlan):
+        from llmd.engine.vllm.launch import vllm_engine  # vLLM itself is imported when it starts
+
+        return vllm_engine(model_dir, profile, plan, fim_template)
     from llmd.engine.worker import EngineWorker  # the model side: torch loads here, not at import
 
-    return EngineClient(EngineWorker(model_dir, profile), max_context, fim_template)
+    return EngineClient(EngineWorker(model_dir, profile), plan.context, fim_template)
 
 
-def build_metrics(engine: EngineClient) -> Metrics:
+def build_metrics(engine: ServedEngine) -> Metrics:
     """The daemon's metrics: engine gauges read at scrape time, every closed stream observed."""
     metrics = Metrics(engine_stats=engine.stats, gpu_memory=engine.gpu_memory)
     engine.observers.append(metrics.observe_stream)
@@ -114,8 +133,8 @@ def build_metrics(engine: EngineClient) -> Metrics:
 
 
 async def announce_ready(
-    engine: EngineClient, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics,
-    plan: MemoryPlan,
+    engine: ServedEngine, server: Any, notifier: Notifier, watchdog: Watchdog | None, metrics: Metrics,
+    plan: Plan,
 ) -> None:
     """Once the model is loaded and warm and the port listens: READY=1, the watchdog, STATUS lines."""
     await engine.ready.wait()
@@ -123,8 +142,9 @@ async def announce_ready(
         await asyncio.sleep(0.05)
     load, warmup = engine.startup_seconds
     planned, measured = plan.weight_bytes, engine.device_bytes
-    log.info("memory: weights planned %s, on the device after loading %s (%+.1f %%)",
-             mib(planned), mib(measured), (measured - planned) / planned * 100 if planned else 0.0)
+    if measured:  # vLLM's workers hold the weights in their own processes: not measured here
+        log.info("memory: weights planned %s, on the device after loading %s (%+.1f %%)",
+                 mib(planned), mib(measured), (measured - planned) / planned * 100 if planned else 0.0)
     metrics.set_startup(load, warmup)
     notifier.ready(f"ready: model loaded in {load:.1f} s, warmed up in {warmup:.1f} s")
     if watchdog is not None:
@@ -213,8 +233,9 @@ class DaemonServer(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
-async def stop_on_engine_failure(engine: object, server: object) -> None:
-    """Shut the server down if the worker could not load the model."""
-    exc = await asyncio.shield(engine.failed)  # type: ignore[attr-defined]
-    log.error("model failed to load: %s", exc)
+async def stop_on_engine_failure(engine: ServedEngine, server: object) -> None:
+    """Shut the server down if the engine fails: its model did not load, or it died serving."""
+    assert engine.failed is not None, "start the engine first"
+    exc = await asyncio.shield(engine.failed)
+    log.error("the engine failed: %s", exc)
     server.should_exit = True  # type: ignore[attr-defined]

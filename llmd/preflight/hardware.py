@@ -114,3 +114,22 @@ def _cuda_free_memory(profile: Profile) -> tuple[int, int]:
 
     free, total = torch.cuda.mem_get_info()
     return int(free), int(total)
+
+
+def rank_budget(profile: Profile) -> tuple[int, int]:
+    """What `llmd serve` plans an `engine: vllm` profile against here: (bytes per GPU, GPUs per node).
+
+    CUDA: the smallest card's total memory (vLLM's workers start in other processes, so nothing
+    is measured free from here; the plan's overhead and headroom come out of it) and how many
+    cards CUDA sees. CPU (vLLM's CPU backend): the RAM available now, shared by this node's ranks.
+    """
+    if profile.device == "cpu":
+        ranks = -(-profile.parallel.gpus // profile.parallel.nodes)
+        return psutil.virtual_memory().available // ranks, ranks
+    if not cuda_available():
+        raise DeviceUnavailable(f"profile `{profile.name}` runs vLLM on CUDA, but CUDA is not available here "
+                                "(does nvidia-smi work?)")
+    import torch
+
+    count = torch.cuda.device_count()
+    return min(int(torch.cuda.get_device_properties(i).total_memory) for i in range(count)), count

@@ -68,6 +68,11 @@ class RankPlan:
     def fits(self) -> bool:
         return not self.refusals
 
+    @property
+    def weight_bytes(self) -> int:
+        """Weights on the fullest GPU."""
+        return max(stage.weight_bytes for stage in self.stages)
+
 
 def stage_layers(layers: int, pipeline: int) -> list[int]:
     """Layers per pipeline stage as vLLM splits them: even shares, then the remainder one each to
@@ -101,6 +106,11 @@ def plan_ranks_for_model(model: str | Path, profile: Profile, gpu_memory: str | 
         gpu_bytes = parse_size(gpu_memory)
     except ValueError as exc:
         raise ConfigError(f"--gpu-memory: {exc}", param="gpu_memory") from exc
+    return plan_ranks(model, profile, gpu_bytes, gpus, label)
+
+
+def plan_ranks(model: str | Path, profile: Profile, gpu_bytes: int, gpus: int, label: str) -> RankPlan:
+    """The plan of `profile` for `model` on nodes of `gpus` GPUs of `gpu_bytes` each."""
     shape = read_model_shape(model)
     tp = profile.parallel.tensor
     # per GPU: the CUDA context, a TP slice of the prefill activations, the profile's headroom

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -106,13 +107,15 @@ def test_check_without_cuda_refuses_a_cuda_profile_and_names_gpu_memory(tmp_path
     assert "CUDA is not available here" in result.stderr and "--gpu-memory" in result.stderr
 
 
-def test_serve_refuses_an_engine_it_does_not_have_with_78(tmp_path: Path) -> None:
+def test_serve_on_vllm_without_vllm_here_exits_78_naming_its_environment(tmp_path: Path) -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here: serve would start it")
     profile = tmp_path / "tp.yaml"
     profile.write_text("engine: vllm\ndevice: cuda\ndtype: bfloat16\nparallel:\n  tensor: 2\n")
     result = llmd("serve", "--model", str(tmp_path), "--profile", str(profile))
-    assert result.returncode == 78, result.stderr
-    assert "cannot serve yet (the vLLM engine is not built in)" in result.stderr
-    assert "llmd check --gpus N --gpu-memory SIZE" in result.stderr
+    assert result.returncode == EXIT_CONFIG, result.stderr
+    assert "asks for `engine: vllm`, and vLLM is not installed in this environment" in result.stderr
+    assert "scripts/vllm-env DIR" in result.stderr
 
 
 def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_path: Path) -> None:
