@@ -137,6 +137,8 @@ def test_a_client_that_leaves_mid_reply_aborts_the_request_and_frees_its_place()
         stream = engine.submit(PROMPT, SamplingParams(max_tokens=16))
         with stream:
             first = await anext(stream)
+        left = engine.stats()
+        assert (left.running, left.waiting, left.aborted) == (0, 0, 1)  # at once, before vLLM hears of it
         return first.text, stream.request_id, await next_abort(llm)
 
     first, request_id, aborted = run(body, llm)

@@ -69,9 +69,9 @@ def test_a_constrained_requests_keywords_carry_its_grammar_and_others_none() -> 
 
 def test_tokenizers_that_agree_pass_and_each_difference_is_named() -> None:
     ours = Vocabulary(50, frozenset({2}), frozenset({0, 1, 2}))
-    check_vocabularies(ours, Vocabulary(50, frozenset({2}), frozenset({0, 1, 2})), "m")
+    check_vocabularies(ours, Vocabulary(50, frozenset({2}), frozenset({0, 1, 2})))
     with pytest.raises(ConfigError) as caught:
-        check_vocabularies(ours, Vocabulary(60, frozenset(), frozenset(range(12))), "m")
+        check_vocabularies(ours, Vocabulary(60, frozenset(), frozenset(range(12))))
     message = caught.value.message
     assert "vocabulary size 50 in llmd, 60 in vLLM" in message
     assert "EOS ids 2 in llmd, none in vLLM" in message

@@ -88,8 +88,7 @@ class VllmEngine(EngineFront):
     def _adopt(self, launched: VllmLaunch) -> None:
         """Check vLLM's tokenizer against llmd's (`ConfigError` when they differ); take its context."""
         assert self._tokenizer is not None
-        check_vocabularies(llmd_vocabulary(self._tokenizer), vllm_vocabulary(launched.llm.get_tokenizer()),
-                           self.profile.name)
+        check_vocabularies(llmd_vocabulary(self._tokenizer), vllm_vocabulary(launched.llm.get_tokenizer()))
         self.max_context = launched.llm.model_config.max_model_len
 
     async def shutdown(self) -> None:
@@ -233,7 +232,7 @@ class VllmEngine(EngineFront):
 
     def stats(self) -> EngineStats:
         """llmd's own counts: open requests vLLM is producing (running) and not yet (waiting), totals."""
-        producing = len(self._producing)
+        producing = sum(request_id in self._producing for request_id in self._pumps)
         return self.counters.stats(running=producing, waiting=len(self._pumps) - producing)
 
     def alive(self) -> bool:

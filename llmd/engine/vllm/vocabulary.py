@@ -38,15 +38,15 @@ def vllm_vocabulary(tokenizer: VllmTokenizer) -> Vocabulary:
                       frozenset(tokenizer.all_special_ids))
 
 
-def check_vocabularies(ours: Vocabulary, theirs: Vocabulary, model: str) -> None:
+def check_vocabularies(ours: Vocabulary, theirs: Vocabulary) -> None:
     """Raise `ConfigError` naming every difference between llmd's tokenizer and vLLM's."""
     differences = [*_differences("vocabulary size", [ours.size], [theirs.size]),
                    *_differences("EOS ids", ours.eos_token_ids, theirs.eos_token_ids),
                    *_differences("special token ids", ours.special_ids, theirs.special_ids)]
     if differences:
-        raise ConfigError(f"llmd's tokenizer and vLLM's disagree on {model}: {'; '.join(differences)}. Both "
-                          "must load the same tokenizer files (check the model directory, and that vLLM "
-                          "is given no other `tokenizer` or `tokenizer_mode`)", param="model")
+        raise ConfigError(f"llmd's tokenizer and vLLM's disagree: {'; '.join(differences)}. Both must load "
+                          "the same tokenizer files (check the model directory, and that vLLM is given no "
+                          "other `tokenizer` or `tokenizer_mode`)", param="model")
 
 
 def _differences(what: str, ours: Iterable[int], theirs: Iterable[int]) -> list[str]:
