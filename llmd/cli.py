@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from llmd.config import Profile, Settings, load_profile, load_settings
+from llmd.config import GpuCount, Profile, Settings, load_profile, load_settings
 from llmd.errors import (
     EXIT_CONFIG,
     EXIT_DEVICE_UNAVAILABLE,
@@ -18,7 +18,13 @@ from llmd.errors import (
     DeviceUnavailable,
     PreflightRefusal,
 )
-from llmd.preflight.hardware import choose_profile, cuda_available, detect_hardware, rank_budget
+from llmd.preflight.hardware import (
+    choose_profile,
+    cuda_available,
+    cuda_device_count,
+    detect_hardware,
+    rank_budget,
+)
 from llmd.preflight.plan import MemoryPlan, plan_for_model
 from llmd.preflight.ranks import RankPlan, plan_ranks, plan_ranks_for_model
 from llmd.preflight.render import render_plan, render_ranks
@@ -121,7 +127,7 @@ def run_check(args: argparse.Namespace) -> int:
     fit, 1 when a checklist line fails. An `engine: vllm` profile gets its plan per GPU only.
     """
     settings = load_settings(args.config, {"model": args.model, "profile": args.profile})
-    profile = resolve_profile(settings.profile)
+    profile = resolve_profile(settings.profile, gpus=args.gpus)
     model_dir, model_id = resolve_model(settings)
     if profile.engine == "vllm":
         ranks = plan_ranks_for_model(model_dir, profile, args.gpu_memory, args.gpus, label=model_id)
@@ -163,7 +169,7 @@ def run_serve(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key) for key in keys}
     settings = load_settings(args.config, overrides)
     configure_logging(settings.log_level)
-    profile = resolve_profile(settings.profile)
+    profile = resolve_profile(settings.profile, gpus=cuda_device_count)
     model_dir, model_id = resolve_model(settings)
     plan = preflight(model_dir, model_id, profile)
     if not plan.fits:
@@ -174,10 +180,11 @@ def run_serve(args: argparse.Namespace) -> int:
         return runner.run(serve(settings, profile, model_dir, model_id, plan))
 
 
-def resolve_profile(name: str) -> Profile:
-    """A profile by name or path; `auto` picks a shipped one from the hardware and says why."""
+def resolve_profile(name: str, gpus: GpuCount = None) -> Profile:
+    """A profile by name or path; `auto` picks a shipped one from the hardware and says why.
+    `gpus` is what a profile's `parallel.tensor: auto` stands for (see `load_profile`)."""
     if name != "auto":
-        return load_profile(name)
+        return load_profile(name, gpus)
     chosen, why = choose_profile(detect_hardware())
     log.info("profile auto: %s, because %s", chosen, why)
     print(f"llmd: profile auto -> {chosen} ({why})", file=sys.stderr)

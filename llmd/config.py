@@ -9,7 +9,7 @@ import difflib
 import ipaddress
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -53,7 +53,10 @@ def parse_size(text: str | int) -> int:
 
 class Parallel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An `engine: vllm` profile's `parallel:` block: how many ways each kind of parallelism splits
-    the model or the traffic, and the machines it runs on (preflight/ranks.py plans each GPU)."""
+    the model or the traffic, and the machines it runs on (preflight/ranks.py plans each GPU).
+
+    In YAML `tensor` may be `auto`: `load_profile` turns it into the machine's GPU count divided by
+    `pipeline` x `data`, so a loaded profile always holds numbers."""
 
     tensor: Positive = 1  # GPUs each layer is sliced across (TP)
     pipeline: Positive = 1  # stages the layers are split into (PP)
@@ -249,8 +252,16 @@ def api_keys(settings: Settings, environ: Mapping[str, str]) -> frozenset[str]:
     return frozenset(keys)
 
 
-def load_profile(name_or_path: str) -> Profile:
-    """A shipped profile by name (`cpu`) or any profile YAML by path."""
+GpuCount = int | Callable[[], int] | None
+
+
+def load_profile(name_or_path: str, gpus: GpuCount = None) -> Profile:
+    """A shipped profile by name (`cpu`) or any profile YAML by path.
+
+    `gpus` is what `parallel.tensor: auto` stands for: the GPUs of one node, as a number
+    (`llmd check --gpus N`) or a function that counts them (`llmd serve`), called only for a
+    profile that says `auto`; None refuses such a profile.
+    """
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILES_DIR / f"{name_or_path}.yaml"
@@ -259,9 +270,48 @@ def load_profile(name_or_path: str) -> Profile:
             raise ConfigError(f"no profile named `{name_or_path}`; shipped profiles: {shipped}")
     values = _read_yaml(path)
     values.setdefault("name", path.stem)
+    values, tensor_auto = _take_tensor_auto(values, str(path))
     profile = _convert(values, Profile, str(path))
+    if tensor_auto:
+        profile = _tensor_for_gpus(profile, gpus() if callable(gpus) else gpus, str(path))
     _check_profile(profile, str(path))
     return profile
+
+
+def _take_tensor_auto(values: dict[str, Any], source: str) -> tuple[dict[str, Any], bool]:
+    """`values` without a `parallel.tensor: auto` (so it loads as the default), and whether it was
+    there; any other word there is refused, naming the two forms the key takes."""
+    parallel = values.get("parallel")
+    if not isinstance(parallel, dict) or not isinstance(parallel.get("tensor"), str):
+        return values, False
+    tensor = parallel["tensor"]
+    if tensor != "auto":
+        raise ConfigError(f"{source}: key `parallel.tensor`: `{tensor}` is neither a GPU count nor `auto` "
+                          "(every GPU of the machine)", param="parallel.tensor")
+    rest = {key: value for key, value in parallel.items() if key != "tensor"}
+    return {**values, "parallel": rest}, True
+
+
+def _tensor_for_gpus(profile: Profile, gpus: int | None, source: str) -> Profile:
+    """`profile` with `tensor: auto` resolved: the node's `gpus` shared by `pipeline` x `data`."""
+
+    def refuse(problem: str) -> ConfigError:
+        return ConfigError(f"{source}: key `parallel.tensor`: `auto` {problem}", param="parallel.tensor")
+
+    parallel = profile.parallel
+    if profile.engine != "vllm":
+        raise refuse("is for `engine: vllm`; the native engine runs one device")
+    if parallel.nodes > 1:
+        raise refuse(f"counts one machine's GPUs, and this profile spans {parallel.nodes} nodes: write the "
+                     "tensor size out, the same for every node")
+    if gpus is None:
+        raise refuse("stands for the machine's GPU count, and none was given: plan it with `llmd check "
+                     "--gpus N --gpu-memory SIZE` (`llmd serve` counts the GPUs CUDA sees)")
+    others = parallel.pipeline * parallel.data
+    if gpus < others or gpus % others:
+        raise refuse(f"shares the {gpus} GPU(s) among pipeline {parallel.pipeline} x data {parallel.data}, "
+                     "which do not divide them; write the tensor size out")
+    return msgspec.structs.replace(profile, parallel=msgspec.structs.replace(parallel, tensor=gpus // others))
 
 
 def shipped_profiles() -> list[str]:
@@ -286,7 +336,7 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.device == "cpu" and {"efficient", "cudnn"} & set(profile.sdpa_backends):
         refuse("sdpa_backends", "`efficient` and `cudnn` run only on CUDA, but `device` is `cpu`; "
                                 "the CPU has `flash` and `math`")
-    if profile.compile != "none" and profile.kv_cache != "static":
+    if profile.engine == "native" and profile.compile != "none" and profile.kv_cache != "static":
         refuse("compile", "needs `kv_cache: static` (fixed shapes); with a dynamic cache "
                           "every step would recompile")
     if profile.onednn_linear and profile.device != "cpu":

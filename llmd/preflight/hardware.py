@@ -71,6 +71,20 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cuda_device_count() -> int:
+    """GPUs CUDA sees here (within CUDA_VISIBLE_DEVICES), what `tensor: auto` stands for at
+    `llmd serve`; refuses when there is none, so systemd retries once the driver is up."""
+    count = 0
+    if cuda_available():
+        import torch
+
+        count = int(torch.cuda.device_count())
+    if count < 1:
+        raise DeviceUnavailable("the profile's `parallel.tensor: auto` counts the GPUs, and CUDA sees none "
+                                "here (does nvidia-smi work? is CUDA_VISIBLE_DEVICES empty?)")
+    return count
+
+
 def detect_hardware() -> HardwareFacts:
     """CUDA device memory (if torch sees one) and the CPU's bfloat16 support, from /proc/cpuinfo."""
     total = name = None

@@ -97,6 +97,16 @@ def test_check_plans_a_gpu_profile_for_a_given_card_on_any_machine(tmp_path: Pat
     assert "--profile 12gb-4bit" in refused.stdout and "fits" in refused.stdout
 
 
+def test_check_plans_the_multi_gpu_profile_per_gpu_for_the_gpus_given(tiny_model: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model), "--profile", "multi-gpu-bf16", "--gpus", "4",
+                  "--gpu-memory", "80GiB")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "profile multi-gpu-bf16 (vllm, bfloat16" in out  # tensor: auto became the 4 GPUs given
+    assert "TP 4 x PP 1 x DP 1 = 4 GPUs on 1 node(s) x 4 GPU(s) of 80.00 GiB" in out
+    assert "exceeds the model's 2 KV heads" in out and "FITS:" in out  # the tiny model: 4 heads, 2 KV heads
+
+
 def test_check_without_cuda_refuses_a_cuda_profile_and_names_gpu_memory(tmp_path: Path) -> None:
     import torch
 
@@ -116,6 +126,16 @@ def test_serve_on_vllm_without_vllm_here_exits_78_naming_its_environment(tmp_pat
     assert result.returncode == EXIT_CONFIG, result.stderr
     assert "asks for `engine: vllm`, and vLLM is not installed in this environment" in result.stderr
     assert "scripts/vllm-env DIR" in result.stderr
+
+
+def test_serve_counts_the_gpus_for_tensor_auto_and_waits_for_cuda_without_them(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: serve counts its GPUs")
+    result = llmd("serve", "--model", str(tmp_path), "--profile", "multi-gpu-bf16")
+    assert result.returncode == EXIT_DEVICE_UNAVAILABLE, result.stderr  # systemd retries: a late driver
+    assert "`parallel.tensor: auto` counts the GPUs, and CUDA sees none here" in result.stderr
 
 
 def test_serve_refuses_with_77_before_loading_anything(tiny_model: Path, tmp_path: Path) -> None:

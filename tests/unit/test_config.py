@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from llmd.config import Profile, load_profile, load_settings, parse_size, shipped_profiles
+from llmd.config import (
+    PROFILES_DIR,
+    Parallel,
+    Profile,
+    load_profile,
+    load_settings,
+    parse_size,
+    shipped_profiles,
+)
 from llmd.errors import ConfigError
 
 
 def test_every_shipped_profile_loads() -> None:
     assert "cpu" in shipped_profiles()
     for name in shipped_profiles():
-        profile = load_profile(name)
+        profile = load_profile(name, gpus=8)  # what multi-gpu-bf16's `tensor: auto` stands for
         assert isinstance(profile, Profile) and profile.name == name
+
+
+def test_every_key_of_every_shipped_profile_is_documented_on_the_line_above() -> None:
+    for name in shipped_profiles():
+        lines = (PROFILES_DIR / f"{name}.yaml").read_text().splitlines()
+        keys = [at for at, line in enumerate(lines) if re.match(r"\s*[a-z_]+:", line)]
+        assert keys, name
+        undocumented = [lines[at] for at in keys if not lines[at - 1].lstrip().startswith("#")]
+        assert undocumented == [], f"{name}: {undocumented}"
 
 
 def test_cpu_profile_values() -> None:
@@ -112,12 +130,14 @@ def test_contradictions_name_the_key(tmp_path: Path, body: str, key: str, proble
     assert problem in err.value.message
 
 
-def test_every_shipped_profile_sets_its_lone_prefill_piece_under_its_reason() -> None:
+def test_every_shipped_native_profile_sets_its_lone_prefill_piece_under_its_reason() -> None:
     for name in shipped_profiles():
+        profile = load_profile(name, gpus=8)
+        if profile.engine != "native":
+            continue  # vLLM schedules its own prefill chunks
         lines = (Path(__file__).parents[2] / "profiles" / f"{name}.yaml").read_text().splitlines()
         at = next(i for i, line in enumerate(lines) if line.startswith("lone_prefill_tokens:"))
         assert lines[at - 1].startswith("#")  # the measurement (or its absence) that chose it
-        profile = load_profile(name)
         assert profile.prefill_chunk_tokens <= profile.lone_prefill_tokens <= profile.max_step_tokens
 
 
@@ -130,6 +150,72 @@ def test_shipped_gpu_profiles_are_what_the_names_say() -> None:
     assert four_bit.quantization == "nf4" and four_bit.double_quant
     assert four_bit.dtype == "bfloat16" and four_bit.attn_implementation == "sdpa"
     assert four_bit.max_context >= 8192 and four_bit.max_running >= 2
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_multi_gpu_bf16_slices_the_model_across_every_gpu_of_the_machine(gpus: int) -> None:
+    profile = load_profile("multi-gpu-bf16", gpus=gpus)
+    assert (profile.engine, profile.device, profile.dtype) == ("vllm", "cuda", "bfloat16")
+    assert profile.parallel == Parallel(tensor=gpus)  # TP = the GPU count, one node, no PP or DP
+    assert profile.compile != "none" and profile.quantization == "none"  # vLLM compiles, CUDA graphs
+    assert profile.max_context >= 8192 and profile.max_running >= 8
+
+
+def test_vllm_cpu_runs_one_eager_float32_worker_on_the_cpu() -> None:
+    profile = load_profile("vllm-cpu")
+    assert (profile.engine, profile.device, profile.dtype) == ("vllm", "cpu", "float32")
+    assert profile.parallel == Parallel() and profile.compile == "none"  # enforce_eager
+    assert profile.kv_cache_dtype == "auto" and not profile.onednn_linear
+
+
+def tensor_auto(tmp_path: Path, body: str = "") -> str:
+    path = tmp_path / "tp.yaml"
+    path.write_text("engine: vllm\ndevice: cuda\ndtype: bfloat16\nparallel:\n  tensor: auto\n" + body)
+    return str(path)
+
+
+def test_tensor_auto_is_the_gpu_count_shared_by_pipeline_and_data(tmp_path: Path) -> None:
+    assert load_profile(tensor_auto(tmp_path), gpus=4).parallel.tensor == 4
+    shared = load_profile(tensor_auto(tmp_path, "  pipeline: 2\n  data: 2\n"), gpus=8).parallel
+    assert (shared.tensor, shared.pipeline, shared.data) == (2, 2, 2)
+
+
+def test_tensor_auto_counts_the_gpus_only_when_a_profile_asks(tmp_path: Path) -> None:
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(6)
+        return 6
+
+    assert load_profile("cpu", gpus=count).parallel == Parallel() and counted == []
+    assert load_profile(tensor_auto(tmp_path), gpus=count).parallel.tensor == 6 and counted == [6]
+
+
+@pytest.mark.parametrize(("body", "gpus", "problem"), [
+    ("", None, "none was given: plan it with `llmd check --gpus N"),
+    ("  nodes: 2\n  master_addr: 10.0.0.1\n", 8, "spans 2 nodes: write the tensor size out"),
+    ("  pipeline: 3\n", 8, "among pipeline 3 x data 1, which do not divide them"),
+    ("  data: 4\n", 2, "among pipeline 1 x data 4"),
+])
+def test_tensor_auto_is_refused_where_it_has_no_single_meaning(
+    tmp_path: Path, body: str, gpus: int | None, problem: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)) as err:
+        load_profile(tensor_auto(tmp_path, body), gpus=gpus)
+    assert "key `parallel.tensor`: `auto`" in err.value.message and err.value.param == "parallel.tensor"
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("parallel:\n  tensor: auto\n", "`auto` is for `engine: vllm`"),
+    ("engine: vllm\nparallel:\n  tensor: all\n", "`all` is neither a GPU count nor `auto`"),
+    ("engine: vllm\nparallel:\n  tensor: 0\n", "Expected `int` >= 1"),
+])
+def test_a_tensor_size_is_a_count_or_auto(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(problem)) as err:
+        load_profile(str(path), gpus=4)
+    assert str(path) in err.value.message and "`parallel.tensor`" in err.value.message
 
 
 def test_allowed_hosts_load(tmp_path: Path) -> None:

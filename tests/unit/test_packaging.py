@@ -35,5 +35,6 @@ def test_the_shipped_folders_are_mapped_in_with_their_files() -> None:
 
 def test_a_checkout_reads_its_own_top_level_folders() -> None:
     assert PROFILES_DIR == CHECKOUT / "profiles" and SHIPPED_DIR == CHECKOUT / "systemd"
-    assert {"cpu", "cpu-bf16", "12gb-4bit", "24gb-bf16-compile"} <= set(shipped_profiles())
+    assert {"cpu", "cpu-bf16", "12gb-4bit", "24gb-bf16-compile", "multi-gpu-bf16", "vllm-cpu"} <= set(
+        shipped_profiles())
     assert load_profile("cpu").name == "cpu" and Path(SHIPPED_DIR / "llmd.service").is_file()

@@ -312,7 +312,7 @@ def test_a_missing_or_broken_model_directory_is_named(tmp_path: Path) -> None:
 def test_profile_auto_picks_by_gpu_memory_then_cpu(facts: HardwareFacts, chosen: str, reason: str) -> None:
     name, why = choose_profile(facts)
     assert (name, reason in why) == (chosen, True), why
-    load_profile(name)  # a shipped profile
+    assert load_profile(name).engine == "native"  # a shipped profile; never vLLM without being asked
 
 
 def test_the_prefill_workspace_is_planned_for_a_whole_step_whatever_the_lone_piece() -> None:

@@ -144,6 +144,21 @@ def test_check_prints_the_plan_per_gpu_and_exits_by_whether_it_fits(
     assert "--gpus N (per node) and --gpu-memory SIZE" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("gpus", [4, 8])
+def test_check_plans_the_shipped_multi_gpu_profile_with_tensor_parallel_over_the_gpus_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], gpus: int
+) -> None:
+    model = str(config_only_model(tmp_path))
+    assert main(["check", "--model", model, "--profile", "multi-gpu-bf16", "--gpus", str(gpus),
+                 "--gpu-memory", "80GiB"]) == 0
+    table = capsys.readouterr().out
+    assert f"TP {gpus} x PP 1 x DP 1 = {gpus} GPUs on 1 node(s) x {gpus} GPU(s) of 80.00 GiB" in table
+    rows = [line.split() for line in table.splitlines() if line.strip().startswith("0 ")]
+    assert [row[:2] for row in rows] == [["0", "80"]] and "FITS:" in table  # one stage: all 80 layers
+    assert main(["check", "--model", model, "--profile", "multi-gpu-bf16", "--gpu-memory", "80GiB"]) == 78
+    assert "`auto` stands for the machine's GPU count" in capsys.readouterr().err
+
+
 def test_gpus_are_refused_for_a_native_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = str(config_only_model(tmp_path))
     assert main(["check", "--model", model, "--profile", "cpu", "--gpus", "2", "--no-load"]) == 78
