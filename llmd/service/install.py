@@ -16,15 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from llmd.service.unit_file import derived_unit, exec_start, hidden_from_service, under_root, write_unit
 from llmd.shipped import shipped_dir
 
 SHIPPED_DIR = shipped_dir("systemd")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # where this llmd is installed (or checked out)
 UNIT_NAME = "llmd.service"
 SETTINGS_NAME = "llmd.yaml"
-
-# Directories the system unit hides from the service (ProtectHome=yes, PrivateTmp=yes).
-HIDDEN_FROM_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
 
 # What a user unit keeps of the system unit: the start, stop, watchdog and restart rules.
 # The sandboxing needs the system manager, and the cache variables exist only because a
@@ -82,18 +80,10 @@ def llmd_executable() -> Path:
     return Path(sys.executable).parent / "llmd"
 
 
-def exec_argument(path: PurePosixPath | Path) -> str:
-    """One ExecStart= word: `%` escaped as `%%`, quoted when it holds spaces or quotes."""
-    word = str(path).replace("%", "%%")
-    if re.search(r'[\s"\'\\]', word):
-        word = '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return word
-
-
 def render_unit(template: str, executable: Path, paths: ServicePaths) -> str:
     """The shipped unit with ExecStart running `executable`; reduced to a user unit for `--user`."""
-    exec_start = f"ExecStart={exec_argument(executable)} serve --config {exec_argument(paths.settings)}"
-    unit, count = re.subn(r"(?m)^ExecStart=.*$", lambda _: exec_start, template)
+    start = exec_start([executable, "serve", "--config", paths.settings])
+    unit, count = re.subn(r"(?m)^ExecStart=.*$", lambda _: start, template)
     if count != 1:
         raise ValueError(f"the unit template has {count} ExecStart= lines, expected 1")
     return user_unit(unit) if paths.user else unit
@@ -101,17 +91,8 @@ def render_unit(template: str, executable: Path, paths: ServicePaths) -> str:
 
 def user_unit(system_unit: str) -> str:
     """The system unit reduced to what a user manager can run: `USER_UNIT_KEYS`, default.target."""
-    lines, section = [USER_UNIT_HEADER.rstrip("\n")], ""
-    for raw in system_unit.splitlines():
-        line = raw.strip()
-        if line.startswith("[") and line.endswith("]"):
-            section = line[1:-1]
-            if section != "Install":
-                lines += ["", line]
-        elif "=" in line and not line.startswith(("#", ";")) and _kept_in_user_unit(section, line):
-            lines.append(line)
-    lines += ["", "[Install]", "WantedBy=default.target", ""]
-    return "\n".join(lines)
+    return derived_unit(system_unit, USER_UNIT_HEADER, _kept_in_user_unit,
+                        {"Install": ["WantedBy=default.target"]})
 
 
 def _kept_in_user_unit(section: str, line: str) -> bool:
@@ -134,14 +115,9 @@ def plan_installation(root: Path, paths: ServicePaths, executable: Path,
                         under_root(root, paths.settings), settings)
 
 
-def under_root(root: Path, target: PurePosixPath) -> Path:
-    """Where the target system's absolute `target` lies in a tree rooted at `root`."""
-    return root / target.relative_to("/")
-
-
 def install_files(installation: Installation) -> list[str]:
     """Write the unit (replacing an older one) and the settings (only if absent); what was done."""
-    done = [_write_unit(installation.unit_file, installation.unit_text)]
+    done = [write_unit(installation.unit_file, installation.unit_text)]
     settings = installation.settings_file
     settings.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -154,19 +130,6 @@ def install_files(installation: Installation) -> list[str]:
         settings.chmod(0o644)
         done.append(f"wrote    {settings} (example settings: set `model` and `profile`)")
     return done
-
-
-def _write_unit(path: Path, text: str) -> str:
-    """Write atomically (a reader never sees half a unit); say whether it was new, changed or the same."""
-    old = path.read_text(encoding="utf-8") if path.exists() else None
-    if old == text:
-        return f"kept     {path} (unchanged)"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(text, encoding="utf-8")
-    partial.chmod(0o644)
-    os.replace(partial, path)
-    return f"{'wrote' if old is None else 'replaced':<8} {path}"
 
 
 def next_commands(user: bool) -> list[str]:
@@ -188,16 +151,12 @@ def warnings_for(paths: ServicePaths, executable: Path, source: Path = PACKAGE_D
                      "environment the service should use")
     if not paths.user:
         for what, path in (("the llmd entry point", executable), ("the llmd source", source)):
-            hidden = next((d for d in HIDDEN_FROM_SERVICE if _is_within(path, d)), None)
+            hidden = hidden_from_service(path)
             if hidden is not None:
                 found.append(f"{what} is under {hidden} ({path}), which the sandboxed service cannot "
                              "see; the start would fail. Install llmd under /opt (e.g. a checkout in "
                              "/opt/llmd with /opt/llmd/.venv) and run install-service from there")
     return found
-
-
-def _is_within(path: Path, directory: str) -> bool:
-    return str(path) == directory or str(path).startswith(directory.rstrip("/") + "/")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

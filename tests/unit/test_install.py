@@ -14,7 +14,6 @@ from llmd.config import load_settings
 from llmd.service import install
 from llmd.service.install import (
     SHIPPED_DIR,
-    exec_argument,
     install_files,
     next_commands,
     plan_installation,
@@ -23,6 +22,7 @@ from llmd.service.install import (
     user_unit,
     warnings_for,
 )
+from llmd.service.unit_file import exec_argument
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SYSTEM = service_paths(user=False)
