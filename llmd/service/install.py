@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from llmd.service import worker
 from llmd.service.unit_file import derived_unit, exec_start, hidden_from_service, under_root, write_unit
 from llmd.shipped import shipped_dir
 
@@ -105,14 +106,18 @@ def _kept_in_user_unit(section: str, line: str) -> bool:
 def plan_installation(root: Path, paths: ServicePaths, executable: Path,
                       shipped: Path = SHIPPED_DIR) -> Installation:
     """What to write under `root` (the target's `/`) for the unit and the settings."""
-    try:
-        template = (shipped / UNIT_NAME).read_text(encoding="utf-8")
-        settings = (shipped / "llmd.example.yaml").read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read the shipped unit or settings in {shipped}: {exc.strerror}; "
-                                "reinstall llmd (pip install .)") from exc
+    template, settings = read_shipped(UNIT_NAME, shipped), read_shipped("llmd.example.yaml", shipped)
     return Installation(paths, under_root(root, paths.unit), render_unit(template, executable, paths),
                         under_root(root, paths.settings), settings)
+
+
+def read_shipped(name: str, shipped: Path = SHIPPED_DIR) -> str:
+    """A shipped file's text (the unit template, the example settings)."""
+    try:
+        return (shipped / name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot read the shipped {name} in {shipped}: {exc.strerror}; "
+                                "reinstall llmd (pip install .)") from exc
 
 
 def install_files(installation: Installation) -> list[str]:
@@ -167,10 +172,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write under ROOT instead of / (packaging, images); paths in the unit stay "
                              "as on the target (default: /)")
     parser.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
+    worker_flags = parser.add_argument_group(
+        "worker node", "--worker writes /etc/systemd/system/llmd-worker.service on a node other than the "
+                       "head of an `engine: vllm` profile with several `nodes`: vLLM's headless worker, with "
+                       "the head's engine arguments from the same settings and profile (README: Several "
+                       "nodes)")
+    worker_flags.add_argument("--worker", action="store_true", help="a worker node's unit instead of llmd's")
+    worker_flags.add_argument("--node-rank", type=int, metavar="N", help="this node's rank, 1 to nodes - 1 "
+                                                                         "(0 is the head)")
+    worker_flags.add_argument("--host-ip", type=worker.host_ip, metavar="IP",
+                              help="this node's address on the private network between the nodes "
+                                   "(VLLM_HOST_IP)")
+    worker_flags.add_argument("--gpus", type=int, metavar="N", help="GPUs per node, as for `llmd check`")
+    worker_flags.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, as for `llmd check`")
+    worker_flags.add_argument("--config", type=Path, metavar="PATH",
+                              help="the head's settings, copied to this node (default: /etc/llmd/llmd.yaml "
+                                   "under ROOT)")
+    worker_flags.add_argument("--vllm-python", type=Path, metavar="PATH",
+                              help="the vLLM environment's interpreter (default: the one running llmd)")
+
+
+WORKER_NEEDS = {"node_rank": "--node-rank N", "host_ip": "--host-ip IP", "gpus": "--gpus N",
+                "gpu_memory": "--gpu-memory SIZE"}
+WORKER_ONLY = {**WORKER_NEEDS, "config": "--config", "vllm_python": "--vllm-python"}
+
+
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """Flags that do not go together: a worker's without --worker, --worker without them or with --user."""
+    if not args.worker:
+        stray = [flag for key, flag in WORKER_ONLY.items() if getattr(args, key) is not None]
+        return f"{', '.join(stray)}: only with --worker" if stray else None
+    if args.user:
+        return "--worker writes a system unit (a node of a GPU cluster): drop --user"
+    missing = [flag for key, flag in WORKER_NEEDS.items() if getattr(args, key) is None]
+    return f"--worker needs {', '.join(missing)}" if missing else None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Install (or with --dry-run show) the unit and settings; 0 on success, 1 when writing failed."""
+    """Install (or with --dry-run show) the unit and settings, or with --worker a worker node's unit;
+    0 on success, 1 when writing failed, 2 for flags that do not go together."""
+    problem = usage_problem(args)
+    if problem is not None:
+        print(f"llmd install-service: {problem}", file=sys.stderr)
+        return 2
+    if args.worker:
+        system = service_paths(user=False)
+        return worker.run(args, read_shipped(UNIT_NAME), under_root(args.prefix, system.settings))
     paths = service_paths(args.user)
     executable = llmd_executable()
     installation = plan_installation(args.prefix, paths, executable)
