@@ -183,8 +183,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     worker_flags.add_argument("--host-ip", type=worker.host_ip, metavar="IP",
                               help="this node's address on the private network between the nodes "
                                    "(VLLM_HOST_IP)")
-    worker_flags.add_argument("--gpus", type=int, metavar="N", help="GPUs per node, as for `llmd check`")
-    worker_flags.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, as for `llmd check`")
+    worker_flags.add_argument("--gpus", type=int, metavar="N",
+                              help="GPUs per node, with --gpu-memory, to plan another machine as `llmd "
+                                   "check` does (default: this node's, measured as `llmd serve` measures the "
+                                   "head's)")
+    worker_flags.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, with --gpus")
     worker_flags.add_argument("--config", type=Path, metavar="PATH",
                               help="the head's settings, copied to this node (default: /etc/llmd/llmd.yaml "
                                    "under ROOT)")
@@ -192,9 +195,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               help="the vLLM environment's interpreter (default: the one running llmd)")
 
 
-WORKER_NEEDS = {"node_rank": "--node-rank N", "host_ip": "--host-ip IP", "gpus": "--gpus N",
-                "gpu_memory": "--gpu-memory SIZE"}
-WORKER_ONLY = {**WORKER_NEEDS, "config": "--config", "vllm_python": "--vllm-python"}
+WORKER_NEEDS = {"node_rank": "--node-rank N", "host_ip": "--host-ip IP"}
+WORKER_ONLY = {**WORKER_NEEDS, "gpus": "--gpus", "gpu_memory": "--gpu-memory", "config": "--config",
+               "vllm_python": "--vllm-python"}
 
 
 def usage_problem(args: argparse.Namespace) -> str | None:
@@ -205,7 +208,11 @@ def usage_problem(args: argparse.Namespace) -> str | None:
     if args.user:
         return "--worker writes a system unit (a node of a GPU cluster): drop --user"
     missing = [flag for key, flag in WORKER_NEEDS.items() if getattr(args, key) is None]
-    return f"--worker needs {', '.join(missing)}" if missing else None
+    if missing:
+        return f"--worker needs {', '.join(missing)}"
+    if (args.gpus is None) != (args.gpu_memory is None):
+        return "--gpus and --gpu-memory plan another machine together; give both, or neither for this one"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,10 +3,11 @@
 The head node runs `llmd serve` (llmd's API over vLLM's engine, node rank 0); every other node runs
 vLLM's own CLI headless (`vllm serve MODEL --headless --node-rank N ...`) from the vLLM environment.
 Its flags are `worker_command(engine_args(...))` of the head's settings and profile, planned per
-GPU as `llmd check` plans them, so head and workers cannot disagree on sizes, dtype, context or
-cache. The unit is the shipped llmd.service reduced (the same sandbox, caches and stop rules) with
-a worker's start and restart rules and vLLM's environment: no usage report, `VLLM_HOST_IP` on the
-private interface.
+GPU as `llmd serve` plans the head (this node's cards, measured the same way) or as `llmd check`
+plans a machine given by `--gpus`/`--gpu-memory`, so head and workers cannot disagree on sizes,
+dtype, context or cache. The unit is the shipped llmd.service reduced (the same sandbox, caches
+and stop rules) with a worker's start and restart rules and vLLM's environment: no usage report,
+`VLLM_HOST_IP` on the private interface.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path, PurePosixPath
 from llmd.config import Profile, Settings, load_profile, load_settings
 from llmd.engine.vllm.args import ENVIRONMENT, engine_args, worker_command
 from llmd.errors import EXIT_PREFLIGHT, ConfigError
-from llmd.preflight.ranks import RankPlan, plan_ranks_for_model
+from llmd.preflight.hardware import rank_budget
+from llmd.preflight.ranks import RankPlan, plan_ranks, plan_ranks_for_model
 from llmd.preflight.render import render_ranks
 from llmd.service.unit_file import derived_unit, exec_start, hidden_from_service, under_root, write_unit
 
@@ -64,7 +66,7 @@ class WorkerUnit:
     profile: Profile
 
 
-def worker_profile(settings: Settings, gpus: int, source: str) -> Profile:
+def worker_profile(settings: Settings, gpus: int | None, source: str) -> Profile:
     """The head's profile, refused unless it is an `engine: vllm` profile spanning several nodes."""
     if settings.profile == "auto":
         raise ConfigError(f"{source}: key `profile`: `auto` never picks vLLM; name the `engine: vllm` "
@@ -128,16 +130,20 @@ def render_worker_unit(system_unit: str, node: WorkerNode, words: list[str]) -> 
                         {"Unit": unit_lines, "Service": service_lines})
 
 
-def plan_worker(root: Path, settings_path: Path, node: WorkerNode, gpus: int, gpu_memory: str,
+def plan_worker(root: Path, settings_path: Path, node: WorkerNode, gpus: int | None, gpu_memory: str | None,
                 system_unit: str) -> WorkerUnit:
-    """The worker unit for `node` from the settings at `settings_path`, `gpus` per node of `gpu_memory`."""
+    """The worker unit for `node` from the settings at `settings_path`: planned for `gpus` per node of
+    `gpu_memory` each, or without them for this node's GPUs as `llmd serve` measures the head's."""
     settings = load_settings(settings_path, {})
     if settings.model is None:
         raise ConfigError(f"{settings_path}: a worker node needs `model`: the model's directory, at the same "
                           "path on every node (the head's settings, copied)", param="model")
     profile = worker_profile(settings, gpus, str(settings_path))
     check_node_rank(profile, node.node_rank)
-    plan = plan_ranks_for_model(settings.model, profile, gpu_memory, gpus, label=settings.model)
+    if gpus is None and gpu_memory is None:
+        plan = plan_ranks(settings.model, profile, *rank_budget(profile), label=settings.model)
+    else:
+        plan = plan_ranks_for_model(settings.model, profile, gpu_memory, gpus, label=settings.model)
     text = render_worker_unit(system_unit, node, exec_words(node, settings.model, profile, plan))
     return WorkerUnit(under_root(root, UNIT_PATH), text, plan, profile)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmd.config import load_profile
+from llmd.config import Profile, load_profile
 from llmd.engine.vllm.args import engine_args, worker_command
 from llmd.errors import EXIT_PREFLIGHT, ConfigError
 from llmd.preflight.ranks import plan_ranks_for_model
@@ -82,6 +82,22 @@ def test_the_worker_has_vllms_environment_its_restart_rules_and_llmds_sandbox(tm
     assert "After=network-online.target" in unit and unit.endswith("[Install]\nWantedBy=multi-user.target\n")
 
 
+def test_without_gpus_the_worker_plans_this_node_as_serve_plans_the_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = head_settings(tmp_path)
+    measured: list[str] = []
+
+    def rank_budget(profile: Profile) -> tuple[int, int]:  # llmd serve's measurement, on 8 x 80 GiB
+        measured.append(profile.name)
+        return 80 << 30, 8
+
+    monkeypatch.setattr(worker, "rank_budget", rank_budget)
+    here = plan_worker(tmp_path, settings, NODE, None, None, TEMPLATE)
+    given = plan_worker(tmp_path, settings, NODE, 8, "80GiB", TEMPLATE)
+    assert measured == ["two-nodes"] and here.unit_text == given.unit_text
+
+
 @pytest.mark.parametrize(("profile", "problem"), [
     ("cpu", "runs llmd's native engine on one device"),
     ("multi-gpu-bf16", "runs on one node (`parallel.nodes` 1): it has no worker nodes"),
@@ -148,7 +164,8 @@ def test_run_refuses_a_plan_that_does_not_fit_and_writes_nothing(
 
 @pytest.mark.parametrize(("argv", "problem"), [
     (["--node-rank", "1"], "--node-rank N: only with --worker"),
-    (["--worker", "--node-rank", "1", "--gpus", "8"], "--worker needs --host-ip IP, --gpu-memory SIZE"),
+    (["--worker", "--gpus", "8"], "--worker needs --node-rank N, --host-ip IP"),
+    (["--worker", "--node-rank", "1", "--host-ip", "10.0.0.2", "--gpus", "8"], "give both, or neither"),
     (["--worker", "--user"], "drop --user"),
 ])
 def test_flags_that_do_not_go_together_are_refused(
