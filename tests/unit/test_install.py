@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys
@@ -23,23 +22,16 @@ from llmd.service.install import (
     warnings_for,
 )
 from llmd.service.unit_file import exec_argument
+from tests.helpers.units import TEMPLATE, TRUE, install_args
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 SYSTEM = service_paths(user=False)
 EXAMPLE = (SHIPPED_DIR / "llmd.example.yaml").read_text(encoding="utf-8")
-TEMPLATE = (SHIPPED_DIR / "llmd.service").read_text(encoding="utf-8")
-TRUE = Path(shutil.which("true") or "/bin/true")  # a real executable, for systemd-analyze
 
 
 def keys(unit: str) -> list[str]:
     """`Key=value` lines of a unit, without comments."""
     return [line for line in unit.splitlines() if "=" in line and not line.startswith("#")]
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    install.add_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def test_install_writes_the_unit_and_the_example_settings(tmp_path: Path) -> None:
@@ -149,7 +141,7 @@ def test_next_commands() -> None:
 
 
 def test_run_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert install.run(parse_args("--prefix", str(tmp_path), "--dry-run")) == 0
+    assert install.run(install_args("--prefix", str(tmp_path), "--dry-run")) == 0
     out = capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
     assert f"ExecStart={Path(sys.executable).parent / 'llmd'} serve --config /etc/llmd/llmd.yaml" in out
@@ -157,7 +149,7 @@ def test_run_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_run_installs_under_the_prefix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert install.run(parse_args("--prefix", str(tmp_path))) == 0
+    assert install.run(install_args("--prefix", str(tmp_path))) == 0
     out = capsys.readouterr().out
     assert (tmp_path / "etc/systemd/system/llmd.service").is_file()
     assert (tmp_path / "etc/llmd/llmd.yaml").is_file()
@@ -167,7 +159,7 @@ def test_run_installs_under_the_prefix(tmp_path: Path, capsys: pytest.CaptureFix
 def test_run_reports_a_root_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
-    assert install.run(parse_args("--prefix", str(not_a_directory))) == 1
+    assert install.run(install_args("--prefix", str(not_a_directory))) == 1
     assert "llmd: cannot write" in capsys.readouterr().err
 
 

@@ -18,12 +18,10 @@ from llmd.engine.vllm.args import engine_args, worker_command
 from llmd.errors import EXIT_PREFLIGHT, ConfigError
 from llmd.preflight.ranks import plan_ranks_for_model
 from llmd.service import install, worker
-from llmd.service.install import SHIPPED_DIR
 from llmd.service.worker import VLLM_CLI, WorkerNode, plan_worker, worker_warnings
 from tests.helpers.configs import LLAMA_3_1_70B
+from tests.helpers.units import TEMPLATE, TRUE, install_args
 
-TEMPLATE = (SHIPPED_DIR / "llmd.service").read_text(encoding="utf-8")
-TRUE = Path(shutil.which("true") or "/bin/true")  # a real executable, for systemd-analyze
 NODE = WorkerNode(node_rank=1, host_ip="10.0.0.2", vllm_python=Path("/opt/vllm/bin/python"))
 TWO_NODES = ("engine: vllm\ndevice: cuda\ndtype: bfloat16\nmax_context: 8192\n"
              "parallel:\n  tensor: 8\n  pipeline: 2\n  nodes: 2\n  master_addr: 10.0.0.1\n")
@@ -47,12 +45,6 @@ def service_lines(unit: str) -> list[str]:
     """`Key=value` lines of the unit's [Service] section."""
     section = unit.split("[Service]")[1].split("[Install]")[0]
     return [line for line in section.splitlines() if "=" in line and not line.startswith("#")]
-
-
-def parse_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    install.add_arguments(parser)
-    return parser.parse_args(argv)
 
 
 def test_the_worker_runs_vllms_cli_with_the_heads_engine_arguments(tmp_path: Path) -> None:
@@ -131,7 +123,7 @@ def test_run_dry_run_prints_the_unit_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     head_settings(tmp_path)
-    assert install.run(parse_args(*worker_argv(tmp_path, "--dry-run"))) == 0
+    assert install.run(install_args(*worker_argv(tmp_path, "--dry-run"))) == 0
     out = capsys.readouterr().out
     assert "would write" in out and "llmd-worker.service" in out and "--node-rank 1" in out
     assert "systemctl enable --now llmd-worker.service" in out
@@ -142,8 +134,8 @@ def test_run_writes_the_unit_under_the_prefix_then_keeps_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     head_settings(tmp_path)
-    assert install.run(parse_args(*worker_argv(tmp_path))) == 0
-    assert install.run(parse_args(*worker_argv(tmp_path))) == 0
+    assert install.run(install_args(*worker_argv(tmp_path))) == 0
+    assert install.run(install_args(*worker_argv(tmp_path))) == 0
     out = capsys.readouterr().out
     assert out.count("wrote") == 1 and "kept" in out
     assert "VLLM_HOST_IP=10.0.0.2" in (tmp_path / "etc/systemd/system/llmd-worker.service").read_text()
@@ -156,7 +148,7 @@ def test_run_refuses_a_plan_that_does_not_fit_and_writes_nothing(
     head_settings(tmp_path)
     argv = worker_argv(tmp_path)
     argv[argv.index("80GiB")] = "8GiB"  # 141 GB of weights over 16 GPUs: 8.2 GiB each
-    assert install.run(parse_args(*argv)) == EXIT_PREFLIGHT
+    assert install.run(install_args(*argv)) == EXIT_PREFLIGHT
     captured = capsys.readouterr()
     assert "DOES NOT FIT" in captured.out and "not writing llmd-worker.service" in captured.err
     assert not (tmp_path / "etc/systemd").exists()
@@ -171,7 +163,7 @@ def test_run_refuses_a_plan_that_does_not_fit_and_writes_nothing(
 def test_flags_that_do_not_go_together_are_refused(
     argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert install.run(parse_args(*argv)) == 2
+    assert install.run(install_args(*argv)) == 2
     assert problem in capsys.readouterr().err
 
 
