@@ -44,9 +44,8 @@ class Scheduler:
     """Keeps the waiting queue and the running set of the one worker.
 
     Prompts are prefilled first come, first served, within a token budget per step. While
-    others decode the budget is `prefill_chunk_tokens` for each prompt waiting for its prefill,
-    so a long newcomer is spread over several steps instead of freezing the running streams for
-    its whole prefill, and newcomers who came together join the batch together; with nobody
+    others decode the budget is `prefill_chunk_tokens`, so a long newcomer is spread over
+    several steps instead of freezing the running streams for its whole prefill; with nobody
     decoding it is `max_step_tokens`, so a burst of newcomers is prefilled together in one
     batched pass. Only the oldest unfinished prompt is ever split: requests behind it wait
     until it is done, so nobody is overtaken and a long prompt cannot starve. A split never
@@ -83,7 +82,7 @@ class Scheduler:
         lone = None if plan.decode else self._lone()
         if lone is not None:
             return self._lone_step(plan, lone)
-        budget = self._prefill_budget(len(plan.decode))
+        budget = self.prefill_chunk_tokens if plan.decode else self.max_step_tokens
         for request in self._prefill_candidates():
             remaining = len(request.prompt_ids) - request.prefilled
             size = min(remaining, budget)
@@ -97,22 +96,6 @@ class Scheduler:
             if budget <= 0:
                 break
         return plan
-
-    def _prefill_budget(self, decoding: int) -> int:
-        """Prompt tokens this step may prefill beside `decoding` running streams.
-
-        With nobody decoding, `max_step_tokens`. Otherwise a chunk for each prompt waiting for
-        its prefill (started ones and the waiters the free slots take), so that newcomers who
-        arrive together join the batch together: with one budget chunk per step, the k-th of
-        them waited k chunks' steps for its first token while the batch ran short of rows, and
-        the streams, once offset, stayed so. The step stays within `max_step_tokens`.
-        """
-        if not decoding:
-            return self.max_step_tokens
-        started = sum(1 for request in self.running if not request.prefill_done)
-        prompts = max(1, started + self._admissible(limit=self.max_running))
-        return max(self.prefill_chunk_tokens,
-                   min(self.prefill_chunk_tokens * prompts, self.max_step_tokens - decoding))
 
     def _admit(self, request: Request) -> None:
         """Move the oldest waiter into the running set (a running request stays as it is)."""

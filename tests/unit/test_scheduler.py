@@ -43,9 +43,18 @@ def test_first_come_first_served_within_the_budget() -> None:
     assert run_chunks(scheduler.schedule()) == [("a", 0, 4, True), ("b", 0, 4, True)]
     plan = scheduler.schedule()
     assert ids(plan.decode) == ["a", "b"]
-    # others decode now: a chunk (4) for each of the two prompts waiting, within the step's 10
-    # tokens less the 2 decoding rows
-    assert run_chunks(plan) == [("c", 0, 4, True), ("d", 0, 1, True)]
+    assert run_chunks(plan) == [("c", 0, 4, True)]  # others decode now: the budget is 4
+    assert run_chunks(scheduler.schedule()) == [("d", 0, 1, True)]
+
+
+def test_alone_the_whole_prompt_goes_at_once_up_to_the_step_budget() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=64)
+    scheduler.add(request("long", prompt_tokens=50))
+    assert run_chunks(scheduler.schedule()) == [("long", 0, 50, True)]
+    scheduler.add(request("longer", prompt_tokens=100))
+    scheduler.finish(scheduler.running[0], FinishReason.LENGTH)
+    assert run_chunks(scheduler.schedule()) == [("longer", 0, 64, False)]
+    assert run_chunks(scheduler.schedule()) == [("longer", 64, 100, True)]
 
 
 def test_while_others_decode_a_long_prompt_is_split_into_budgeted_chunks() -> None:
@@ -53,75 +62,33 @@ def test_while_others_decode_a_long_prompt_is_split_into_budgeted_chunks() -> No
     scheduler.add(request("a"))
     run_chunks(scheduler.schedule())
     scheduler.add(request("long", prompt_tokens=20))
+    scheduler.add(request("short", prompt_tokens=2))
     chunks = []
-    for _ in range(2):
+    for _ in range(3):
         plan = scheduler.schedule()
         assert ids(plan.decode) == ["a"]
         chunks += run_chunks(plan)
-        if len(chunks) == 1:
-            scheduler.add(request("short", prompt_tokens=2))
-    # alone in line the long one gets a chunk a step; with the short one waiting too, a chunk
-    # each, and the short one is not let past the long one's chunks but shares their step
-    assert chunks == [("long", 0, 8, False), ("long", 8, 20, True), ("short", 0, 2, True)]
+    # the short one is not let past the long one's chunks, but shares its last step
+    assert chunks == [("long", 0, 8, False), ("long", 8, 16, False), ("long", 16, 20, True),
+                      ("short", 0, 2, True)]
     assert ids(scheduler.schedule().decode) == ["a", "long", "short"]
 
 
 def test_a_split_leaves_no_tail_of_a_quarter_chunk_or_less() -> None:
-    chunks = []
-    for size in (10, 11, 18):
-        scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=64)
-        scheduler.add(request("a"))
-        run_chunks(scheduler.schedule())
-        scheduler.add(request(str(size), prompt_tokens=size))
-        chunks += [chunk for _ in range(2) for chunk in run_chunks(scheduler.schedule())]
-    assert chunks == [("10", 0, 10, True),  # 8 + a tail of 2 would cost a pass for 2 tokens
-                      ("11", 0, 8, False), ("11", 8, 11, True),  # a tail of 3 is its own chunk
-                      ("18", 0, 8, False), ("18", 8, 18, True)]
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=64)
+    scheduler.add(request("a"))
+    run_chunks(scheduler.schedule())
+    for name, size in (("ten", 10), ("eleven", 11), ("tail-after-two", 18)):
+        scheduler.add(request(name, prompt_tokens=size))
+    chunks = [chunk for _ in range(5) for chunk in run_chunks(scheduler.schedule())]
+    assert chunks == [("ten", 0, 10, True),  # 8 + a tail of 2 would cost a pass for 2 tokens
+                      ("eleven", 0, 8, False), ("eleven", 8, 11, True),  # a tail of 3 is its own chunk
+                      ("tail-after-two", 0, 8, False), ("tail-after-two", 8, 18, True)]
     tight = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=8)
     tight.add(request("a"))
     run_chunks(tight.schedule())
     tight.add(request("ten", prompt_tokens=10))
     assert run_chunks(tight.schedule()) == [("ten", 0, 8, False)]  # a step never exceeds max_step_tokens
-
-
-def test_newcomers_who_arrive_together_beside_decoding_streams_get_a_chunk_each() -> None:
-    scheduler = Scheduler(max_running=8, prefill_chunk_tokens=8, max_step_tokens=1000)
-    scheduler.add(request("a"))
-    run_chunks(scheduler.schedule())
-    for name in "bcdefg":
-        scheduler.add(request(name, prompt_tokens=8))
-    plan = scheduler.schedule()
-    # six prompts waiting: six chunks' budget, so they all join the batch at the next step
-    # instead of one a step, the last of them six steps late
-    assert ids(plan.decode) == ["a"]
-    assert [chunk[0] for chunk in run_chunks(plan)] == list("bcdefg")
-    assert ids(scheduler.schedule().decode) == list("abcdefg")
-
-
-def test_a_budget_of_several_chunks_still_splits_only_the_oldest_prompt() -> None:
-    scheduler = Scheduler(max_running=8, prefill_chunk_tokens=8, max_step_tokens=1000)
-    scheduler.add(request("a"))
-    run_chunks(scheduler.schedule())
-    for name, size in (("b", 12), ("c", 30), ("d", 4)):
-        scheduler.add(request(name, prompt_tokens=size))
-    # 3 waiting: 24 tokens; b whole (12), c would need splitting behind it: it waits, d with it
-    assert run_chunks(scheduler.schedule()) == [("b", 0, 12, True)]
-    # c and d waiting: 16 tokens; c, the oldest now, is split
-    assert run_chunks(scheduler.schedule()) == [("c", 0, 16, False)]
-    # 16 again: c's rest (14), and d, whose 4 tokens overrun the 2 left by no more than the
-    # quarter chunk a pass of its own is not worth
-    assert run_chunks(scheduler.schedule()) == [("c", 16, 30, True), ("d", 0, 4, True)]
-
-
-def test_the_budget_of_many_chunks_keeps_the_step_within_max_step_tokens() -> None:
-    scheduler = Scheduler(max_running=8, prefill_chunk_tokens=8, max_step_tokens=20)
-    for name in "ab":
-        scheduler.add(request(name, prompt_tokens=1))
-    run_chunks(scheduler.schedule())
-    for name in "cdef":
-        scheduler.add(request(name, prompt_tokens=8))
-    # 4 chunks would be 32 tokens; the step holds 20 with the 2 decoding rows: 18 of prompts
-    assert run_chunks(scheduler.schedule()) == [("c", 0, 8, True), ("d", 0, 8, True)]
 
 
 def test_a_finished_request_frees_its_slot_for_the_next_waiting() -> None:
