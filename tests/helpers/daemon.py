@@ -61,7 +61,8 @@ class Daemon:
 
 
 def start_daemon(
-    tmp: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None
+    tmp: Path, *args: str, wait_ready: bool = True, env: dict[str, str] | None = None,
+    ready_timeout: float = READY_TIMEOUT,
 ) -> Daemon:
     """Start `llmd serve` on a free loopback port and wait until /ready says 200.
 
@@ -78,11 +79,11 @@ def start_daemon(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     daemon = Daemon(process, port, log_path)
     if wait_ready:
-        wait_until_ready(daemon)
+        wait_until_ready(daemon, ready_timeout)
     return daemon
 
 
-def wait_until_ready(daemon: Daemon) -> None:
+def wait_until_ready(daemon: Daemon, timeout: float = READY_TIMEOUT) -> None:
     """Poll /ready; fail with the daemon's log if it dies or never gets ready."""
     def ready() -> bool:
         if daemon.process.poll() is not None:
@@ -93,10 +94,10 @@ def wait_until_ready(daemon: Daemon) -> None:
             return False
 
     try:
-        wait_until("ready", ready, READY_TIMEOUT)
+        wait_until("ready", ready, timeout)
     except AssertionError:
         daemon.stop()
-        pytest.fail(f"llmd not ready after {READY_TIMEOUT} s:\n{daemon.log()}")
+        pytest.fail(f"llmd not ready after {timeout:g} s:\n{daemon.log()}")
 
 
 def is_llmd_serve(process: psutil.Process) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmd.config import Parallel, Profile
 from llmd.engine.types import SamplingParams
-from llmd.engine.vllm.args import ENVIRONMENT, engine_args, worker_command
+from llmd.engine.vllm.args import ENVIRONMENT, engine_args, kv_cache_bytes, worker_command
 from llmd.engine.vllm.sampling import sampling_kwargs
 from llmd.preflight.ranks import rank_plan
 from llmd.preflight.shape import shape_from_config
@@ -31,6 +31,22 @@ def test_the_engine_arguments_come_from_the_profile_and_the_plan() -> None:
         "kv_cache_memory_bytes": min(stage.kv_cache_bytes for stage in plan.stages),
     }
     assert ENVIRONMENT["VLLM_NO_USAGE_STATS"] == "1"  # no usage report to a remote host
+
+
+def test_on_a_cpu_the_kv_cache_holds_what_the_running_requests_and_prefix_cache_can_use() -> None:
+    cpu = Profile(name="c", engine="vllm", device="cpu", dtype="float32", max_running=8, max_context=4096,
+                  prefix_cache_tokens=16384)
+    plan = rank_plan(SHAPE, cpu.parallel, gpu_bytes=512 << 30, gpus_per_node=1, dtype="float32",
+                     kv_dtype="auto", context=4096, overhead_bytes=1 << 30)
+    per_token = plan.stages[0].kv_bytes_per_token
+    assert kv_cache_bytes(cpu, plan) == (8 * 4096 + 16384) * per_token < plan.stages[0].kv_cache_bytes
+    small = rank_plan(SHAPE, cpu.parallel, gpu_bytes=290 << 30, gpus_per_node=1, dtype="float32",
+                      kv_dtype="auto", context=4096, overhead_bytes=1 << 30)
+    assert kv_cache_bytes(cpu, small) == small.stages[0].kv_cache_bytes  # less room than that: the room
+    gpu = profile(tensor=8)
+    on_gpus = rank_plan(SHAPE, gpu.parallel, gpu_bytes=80 << 30, gpus_per_node=8, dtype="bfloat16",
+                        kv_dtype="auto", context=8192, overhead_bytes=2 << 30)
+    assert kv_cache_bytes(gpu, on_gpus) == on_gpus.stages[0].kv_cache_bytes  # a GPU's room is vLLM's
 
 
 def test_several_nodes_add_the_rendezvous_and_the_worker_command_repeats_every_argument() -> None:

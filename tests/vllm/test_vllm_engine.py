@@ -1,5 +1,5 @@
-"""llmd's vLLM engine on vLLM itself: the factory's pieces against vLLM's own classes, then the tiny
-model served through `start_async_llm` and `VllmEngine` on vLLM's CPU backend (a greedy stream of
+"""llmd's vLLM engine on vLLM itself: the factory's pieces against vLLM's own classes, then the small
+demo model served through `start_async_llm` and `VllmEngine` on vLLM's CPU backend (a greedy stream of
 one event per token, the same tokens again, a stop string, a client leaving mid-reply, a grammar,
 a refused parameter, health, shutdown).
 
@@ -111,8 +111,8 @@ async def grammar_checks(engine: VllmEngine) -> None:
     assert await engine.check_health()
 
 
-def test_the_engine_serves_the_tiny_model_on_vllm(tiny_model: Path) -> None:
-    engine = vllm_engine(str(tiny_model), PROFILE, plan_for(tiny_model), fim_template=None)
+def test_the_engine_serves_the_small_model_on_vllm(vllm_model: Path) -> None:
+    engine = vllm_engine(str(vllm_model), PROFILE, plan_for(vllm_model), fim_template=None)
 
     async def run() -> None:
         try:

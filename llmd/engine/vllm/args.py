@@ -36,12 +36,25 @@ def engine_args(model_dir: str, profile: Profile, plan: RankPlan) -> dict[str, A
         "enable_prefix_caching": profile.prefix_cache_tokens > 0,
         # compile: none is eager; any other mode leaves vLLM its own compilation and CUDA graphs
         "enforce_eager": profile.compile == "none",
-        "kv_cache_memory_bytes": min(stage.kv_cache_bytes for stage in plan.stages),
+        "kv_cache_memory_bytes": kv_cache_bytes(profile, plan),
     }
     if parallel.nodes > 1:
         args |= {"nnodes": parallel.nodes, "node_rank": parallel.node_rank,
                  "master_addr": parallel.master_addr}
     return args
+
+
+def kv_cache_bytes(profile: Profile, plan: RankPlan) -> int:
+    """vLLM's KV cache per GPU: the room the plan leaves on the fullest GPU. On a CPU the cache lives
+    in the RAM everything else on the machine uses, and vLLM's CPU backend wants it free on one NUMA
+    node, so it is capped at what can be used at once: `max_running` full-length requests and the
+    prefix cache's tokens (a `vllm-cpu` profile planned on a 22 GiB machine asked for 20 GiB, and
+    vLLM refused to start with 13 GiB free on its node)."""
+    room = min(stage.kv_cache_bytes for stage in plan.stages)
+    if profile.device != "cpu":
+        return room
+    tokens = profile.max_running * plan.context + profile.prefix_cache_tokens
+    return min(room, tokens * max(stage.kv_bytes_per_token for stage in plan.stages))
 
 
 def worker_command(args: dict[str, Any], node_rank: int) -> list[str]:

@@ -1,0 +1,89 @@
+"""`llmd serve --profile vllm-cpu`: llmd's daemon on vLLM's engine, from the outside, with the real
+`openai` SDK: a stream of one chunk per token equal to the non-streamed reply, a client that leaves
+mid-stream freeing its request, a prompt over the context refused with llmd's 400, and SIGTERM
+draining, then leaving no process of vLLM's behind.
+
+Skipped without vLLM; run in the vLLM environment (`scripts/vllm-env DIR`, then
+`DIR/bin/python -m pytest tests/vllm`). vLLM's engine starts in 20-60 s on a CPU.
+"""
+
+from __future__ import annotations
+
+import signal
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from tests.helpers.daemon import Daemon, start_daemon
+from tests.helpers.waiting import wait_until
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    pytest.importorskip("vllm")
+
+START_GUARD = 600.0  # seconds: vLLM's start on a busy two-core CPU; only a hung start waits this long
+CHAT = [{"role": "user", "content": "Say something"}]
+
+
+@pytest.fixture(scope="module")
+def daemon(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One daemon on vLLM for the module; the last test stops it itself."""
+    served = start_daemon(tmp_path_factory.mktemp("vllm-serve"), "--model", str(vllm_model),
+                          "--served-model-name", "small", "--profile", "vllm-cpu",
+                          ready_timeout=START_GUARD)
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=daemon.base_url, api_key="unused", max_retries=0) as sdk:
+        yield sdk
+
+
+def test_a_stream_is_one_chunk_per_token_and_equals_the_plain_reply(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model="small", messages=CHAT, max_tokens=12, temperature=0)
+    assert plain.usage is not None and plain.choices[0].message.content
+    texts, usage = [], None
+    for chunk in client.chat.completions.create(model="small", messages=CHAT, max_tokens=12, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            texts.append(chunk.choices[0].delta.content)
+    assert "".join(texts) == plain.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
+    # one chunk per token: a chunk may carry no text only where a token is part of a character
+    assert len(texts) <= usage.completion_tokens <= len(texts) + 2
+
+
+def test_a_client_that_leaves_frees_its_request(daemon: Daemon, client: openai.OpenAI) -> None:
+    aborted = httpx.get(f"{daemon.url}/stats").json()["aborted"]
+    stream = client.chat.completions.create(model="small", messages=CHAT, max_tokens=2000, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    stream.close()
+    freed = wait_until("freed", lambda: (stats := httpx.get(f"{daemon.url}/stats").json())["running"] == 0
+                       and stats["aborted"] > aborted and stats)
+    assert freed["waiting"] == 0
+
+
+def test_a_prompt_over_the_context_is_llmds_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="small", messages=[{"role": "user", "content": "word " * 5000}],
+                                       max_tokens=8)
+    assert refused.value.code == "context_length_exceeded"
+
+
+def test_sigterm_drains_and_leaves_no_process_of_vllms(daemon: Daemon) -> None:
+    children = psutil.Process(daemon.process.pid).children(recursive=True)
+    assert children, "vLLM's engine runs in processes of its own"
+    daemon.process.send_signal(signal.SIGTERM)
+    assert daemon.process.wait(timeout=120) == 0, daemon.log()
+    _, alive = psutil.wait_procs(children, timeout=60)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
