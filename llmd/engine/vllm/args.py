@@ -59,9 +59,14 @@ def kv_cache_bytes(profile: Profile, plan: RankPlan) -> int:
 
 def worker_command(args: dict[str, Any], node_rank: int) -> list[str]:
     """`vllm serve` flags for a headless worker on node `node_rank`, from the head's `engine_args`."""
-    model = args["model"]
-    flags = ["serve", str(model), "--headless"]
-    for key, value in {**args, "node_rank": node_rank}.items():
+    verb, model, *flags = serve_command({**args, "node_rank": node_rank})
+    return [verb, model, "--headless", *flags]
+
+
+def serve_command(args: dict[str, Any]) -> list[str]:
+    """`vllm serve MODEL --flag value ...` for `engine_args` (booleans as --x / --no-x)."""
+    flags = ["serve", str(args["model"])]
+    for key, value in args.items():
         if key == "model":
             continue
         flag = "--" + key.replace("_", "-")
