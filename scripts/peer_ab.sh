@@ -29,14 +29,7 @@ MODEL=${MODEL:-$HOME/.cache/llmd/demo-model-small}
 PROFILE=${PROFILE:-cpu-bf16}; LLMD_PORT=${LLMD_PORT:-18610}; PEER_PORT=${PEER_PORT:-18611}
 LLAMA_SERVER=${LLAMA_SERVER:-llama-server}; THREADS=${THREADS:-$(nproc)}
 export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home"   # the daemon's state (stored responses) stays in OUTDIR
-PIDS=()
-
-wait_ready() {  # URL LOG
-  for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.2; done
-  echo "not ready: $1 (see $2)" >&2; return 1
-}
-stop() { for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null && wait "$pid"; done; PIDS=(); }
-trap stop EXIT
+. "$TREE/scripts/ab_servers.sh"
 
 [ -d "$MODEL" ] || (cd "$TREE" && "$PY" -m llmd.cli demo-model "$MODEL" --size small) || exit 1
 (cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
@@ -47,12 +40,6 @@ PIDS+=($!)
 PIDS+=($!)
 wait_ready "http://127.0.0.1:$LLMD_PORT/ready" "$OUT/llmd.log" || exit 1
 wait_ready "http://127.0.0.1:$PEER_PORT/health" "$OUT/llama-server.log" || exit 1
-
-bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run against SIDE (llmd | peer)
-  local name=$1 port=$LLMD_PORT; [ "$2" = peer ] && port=$PEER_PORT; shift 2
-  (cd "$TREE" && "$PY" -m llmd.cli bench --base-url "http://127.0.0.1:$port/v1" --json --ignore-eos "$@" \
-    > "$OUT/$name.json" 2> "$OUT/$name.err")
-}
 
 . "$TREE/scripts/ab_rounds.sh"
 ab_rounds "$ROUNDS" llmd peer

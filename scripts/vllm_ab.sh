@@ -20,14 +20,7 @@ PY=${PY:-$TREE/.venv/bin/python}   # the bench client
 MODEL=${MODEL:-$HOME/.cache/llmd/demo-model-small}
 PROFILE=${PROFILE:-vllm-cpu}; LLMD_PORT=${LLMD_PORT:-18630}; PEER_PORT=${PEER_PORT:-18631}
 export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home" VLLM_NO_USAGE_STATS=1
-PIDS=()
-
-wait_ready() {  # URL LOG
-  for _ in $(seq 1 3000); do curl -sf "$1" > /dev/null && return 0; sleep 0.2; done
-  echo "not ready: $1 (see $2)" >&2; return 1
-}
-stop() { for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null && wait "$pid"; done; PIDS=(); }
-trap stop EXIT
+. "$TREE/scripts/ab_servers.sh"
 
 [ -d "$MODEL" ] || (cd "$TREE" && "$PY" -m llmd.cli demo-model "$MODEL" --size small) || exit 1
 (cd "$TREE" && exec "$ENV/bin/python" -m llmd.cli serve --model "$MODEL" --served-model-name m \
@@ -38,12 +31,6 @@ wait_ready "http://127.0.0.1:$LLMD_PORT/ready" "$OUT/llmd.log" || exit 1
   > "$OUT/vllm.log" 2>&1) &
 PIDS+=($!)
 wait_ready "http://127.0.0.1:$PEER_PORT/health" "$OUT/vllm.log" || exit 1
-
-bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run against SIDE (llmd | peer)
-  local name=$1 port=$LLMD_PORT; [ "$2" = peer ] && port=$PEER_PORT; shift 2
-  (cd "$TREE" && "$PY" -m llmd.cli bench --base-url "http://127.0.0.1:$port/v1" --json --ignore-eos "$@" \
-    > "$OUT/$name.json" 2> "$OUT/$name.err")
-}
 
 . "$TREE/scripts/ab_rounds.sh"
 ab_rounds "$ROUNDS" llmd peer
