@@ -17,8 +17,7 @@ import pytest
 
 from llmd.config import Profile
 from llmd.engine.grammar import BoundGrammar, validated
-from llmd.engine.stream import GenerationStream
-from llmd.engine.types import ANY_OBJECT, FinishReason, GrammarRequest, SamplingParams, TokenEvent
+from llmd.engine.types import ANY_OBJECT, FinishReason, GrammarRequest, SamplingParams
 from llmd.engine.vllm.args import engine_args
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.launch import validation_errors, vllm_engine, vllm_sampling
@@ -26,6 +25,7 @@ from llmd.engine.vllm.sampling import request_kwargs
 from llmd.engine.vllm.structured import lark_grammar
 from llmd.errors import InvalidRequest
 from llmd.preflight.ranks import RankPlan, plan_ranks
+from tests.helpers.vllm_engines import read, started
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)  # vLLM's imports trip torch's own deprecations
@@ -35,7 +35,6 @@ with warnings.catch_warnings():
 
 PROFILE = Profile(name="vllm-test", engine="vllm", device="cpu", dtype="float32", compile="none",
                   max_context=256, max_running=4, max_queue=4, prefix_cache_tokens=0)
-START_GUARD = 600.0  # seconds: vLLM's start on a busy CPU; only a hung start waits this long
 CHAT = [{"role": "user", "content": "Hello there"}]
 
 
@@ -54,25 +53,6 @@ def test_vllm_takes_the_factorys_engine_arguments_and_sampling(tiny_model: Path)
     assert taken.structured_outputs.grammar == lark_grammar(constraint.grammar)
     with pytest.raises(validation_errors()):
         vllm_sampling(request_kwargs(SamplingParams(max_tokens=8, top_k=-5)))
-
-
-async def read(stream: GenerationStream) -> list[TokenEvent]:
-    """Every event of a stream, closing it after."""
-    with stream:
-        return [event async for event in stream]
-
-
-async def started(engine: VllmEngine) -> None:
-    """Until vLLM is up; fails with what stopped it otherwise."""
-    await engine.start()
-    assert engine.failed is not None
-    ready: asyncio.Future[object] = asyncio.ensure_future(engine.ready.wait())
-    failed: asyncio.Future[object] = asyncio.ensure_future(asyncio.shield(engine.failed))
-    await asyncio.wait([ready, failed], timeout=START_GUARD, return_when=asyncio.FIRST_COMPLETED)
-    ready.cancel()
-    failed.cancel()
-    why = engine.failed.result() if engine.failed.done() else "no answer in time"
-    assert engine.ready.is_set(), f"vLLM did not start: {why}"
 
 
 async def serve_checks(engine: VllmEngine) -> None:
