@@ -24,8 +24,10 @@ from llmd.engine.types import (
     Constraint,
     GrammarRequest,
     InfillInput,
+    RawScores,
     SamplingParams,
     TemplateOptions,
+    TokenLogprobs,
 )
 from llmd.errors import ContextLengthExceeded, InvalidRequest
 
@@ -63,6 +65,10 @@ class PromptTokenizer(Protocol):
     def grammar_view(self, vocab_size: int, eos_ids: frozenset[int]) -> Any: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
+        """A position's scores with each token's own text and bytes."""
+        ...
 
 
 def context_budget(max_context: int, prompt_tokens: int, max_tokens: int | None) -> int:

@@ -21,7 +21,15 @@ from llguidance import LLTokenizer
 from llmd.config import Profile
 from llmd.engine.prompts import PromptTokenizer
 from llmd.engine.tool_format import PLAIN, ChatFormat
-from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
+from llmd.engine.types import (
+    DEFAULT_TEMPLATE,
+    CompletionPrompt,
+    InfillInput,
+    Logprob,
+    RawScores,
+    TemplateOptions,
+    TokenLogprobs,
+)
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.llm import AsyncLLMClient, TokensPrompt, VllmLaunch
 from tests.helpers.byte_tokenizer import byte_tokenizer
@@ -45,12 +53,22 @@ class FakeDeadError(Exception):
     """What the fake raises once dead: vLLM's `EngineDeadError`."""
 
 
+@dataclass(frozen=True)
+class FakeLogprob:
+    """One `vllm.logprobs.Logprob`."""
+
+    logprob: float
+    rank: int | None = None
+
+
 @dataclass
 class FakeCompletion:
-    """One `CompletionOutput` of a DELTA `RequestOutput`: the new ids, and a finish reason on the last."""
+    """One `CompletionOutput` of a DELTA `RequestOutput`: the new ids, a finish reason on the last, and
+    per id the logprobs vLLM gives when asked."""
 
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[dict[int, FakeLogprob]] | None = None
 
 
 @dataclass
@@ -104,6 +122,13 @@ class FakeTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return letters(ids)
+
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
+        def one(token_id: int, value: float) -> Logprob:
+            return Logprob(token_id, letters([token_id]), letters([token_id]).encode(), value)
+
+        top = zip(scores.top_ids, scores.top_logprobs, strict=True)
+        return TokenLogprobs(one(scores.token_id, scores.logprob), tuple(one(i, v) for i, v in top))
 
 
 @dataclass

@@ -26,7 +26,10 @@ from llmd.errors import (
 from tests.helpers.fake_vllm import (
     EOS,
     FakeAsyncLLM,
+    FakeCompletion,
     FakeDeadError,
+    FakeLogprob,
+    FakeOutput,
     FakeVllmTokenizer,
     fake_engine,
     ids,
@@ -179,13 +182,37 @@ def test_sampling_parameters_vllm_refuses_are_refused_at_submit() -> None:
     assert error.status == 400 and "top_p must be in (0, 1]" in error.message
 
 
-def test_logprobs_are_refused_by_name_until_the_engine_returns_them() -> None:
-    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> UnsupportedParameter:
-        with pytest.raises(UnsupportedParameter) as caught:
-            engine.submit(PROMPT, SamplingParams(max_tokens=4, logprobs=2))
-        return caught.value
+def test_logprobs_come_from_vllms_ranked_scores_with_llmds_token_text() -> None:
+    b, c, e = ids("b")[0], ids("c")[0], ids("e")[0]
+    first = FakeCompletion(ids("b"), logprobs=[{b: FakeLogprob(-0.5, 2), c: FakeLogprob(-0.2, 1),
+                                               e: FakeLogprob(-3.0, 3)}])
+    sampled_low = FakeCompletion(ids("e"), logprobs=[{e: FakeLogprob(-4.0, 9), b: FakeLogprob(-0.1, 1),
+                                                     c: FakeLogprob(-2.5, 2)}])
+    llm = FakeAsyncLLM([[FakeOutput([first]), FakeOutput([sampled_low]), output("", "stop", eos=True)]])
 
-    assert run(body, FakeAsyncLLM()).param == "logprobs"
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> list[TokenEvent]:
+        return await read(engine.submit(PROMPT, SamplingParams(max_tokens=8, logprobs=2)))
+
+    events = run(body, llm)
+    assert llm.requests[0][1]["logprobs"] == 2
+    chosen = events[0].logprobs
+    assert chosen is not None and (chosen.chosen.text, chosen.chosen.logprob) == ("b", -0.5)
+    assert [(t.text, t.logprob) for t in chosen.top] == [("c", -0.2), ("b", -0.5)]  # by rank, 2 of them
+    low = events[1].logprobs
+    assert low is not None and low.chosen.logprob == -4.0  # sampled outside the top: not among them
+    assert [t.text for t in low.top] == ["b", "c"]
+    assert events[2].logprobs is None  # EOS ended the reply: its text is not output, nor scored
+
+
+def test_unasked_logprobs_are_none_and_the_prompts_are_refused_by_name() -> None:
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> tuple[list[TokenEvent], UnsupportedParameter]:
+        events = await read(engine.submit(PROMPT, SamplingParams(max_tokens=8)))
+        with pytest.raises(UnsupportedParameter) as caught:
+            engine.submit(PROMPT, SamplingParams(max_tokens=4, logprobs=1, prompt_logprobs=1))
+        return events, caught.value
+
+    events, refused = run(body, FakeAsyncLLM([[output("ab", "stop", eos=True)]]))
+    assert all(event.logprobs is None for event in events) and refused.param == "echo"
 
 
 def test_another_failure_of_one_request_is_a_500_and_the_engine_serves_on() -> None:

@@ -1,7 +1,7 @@
 """`llmd serve --profile vllm-cpu`: llmd's daemon on vLLM's engine, from the outside, with the real
-`openai` SDK: a stream of one chunk per token equal to the non-streamed reply, a client that leaves
-mid-stream freeing its request, a prompt over the context refused with llmd's 400, and SIGTERM
-draining, then leaving no process of vLLM's behind.
+`openai` SDK: a stream of one chunk per token equal to the non-streamed reply, logprobs per token, a
+client that leaves mid-stream freeing its request, a prompt over the context refused with llmd's
+400, and SIGTERM draining, then leaving no process of vLLM's behind.
 
 Skipped without vLLM; run in the vLLM environment (`scripts/vllm-env DIR`, then
 `DIR/bin/python -m pytest tests/vllm`). vLLM's engine starts in 20-60 s on a CPU.
@@ -60,6 +60,17 @@ def test_a_stream_is_one_chunk_per_token_and_equals_the_plain_reply(client: open
     assert usage is not None and usage.completion_tokens == plain.usage.completion_tokens
     # one chunk per token: a chunk may carry no text only where a token is part of a character
     assert len(texts) <= usage.completion_tokens <= len(texts) + 2
+
+
+def test_logprobs_come_back_per_token_with_the_greedy_token_ranked_first(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="small", messages=CHAT, max_tokens=8, temperature=0,
+                                           logprobs=True, top_logprobs=3)
+    scored = reply.choices[0].logprobs
+    assert scored is not None and scored.content and len(scored.content) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for token in scored.content:
+        assert token.logprob <= 0 and len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)  # greedy: the likeliest
+    assert "".join(token.token for token in scored.content) == reply.choices[0].message.content
 
 
 def test_a_client_that_leaves_frees_its_request(daemon: Daemon, client: openai.OpenAI) -> None:

@@ -11,14 +11,24 @@ with an error.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.finish import next_text
-from llmd.engine.types import FinishReason, SamplingParams, TokenEvent
+from llmd.engine.types import FinishReason, RawScores, SamplingParams, TokenEvent, TokenLogprobs
 
 VLLM_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+
+
+class ScoredToken(Protocol):
+    """What llmd reads of one `vllm.logprobs.Logprob`."""
+
+    @property
+    def logprob(self) -> float: ...
+
+    @property
+    def rank(self) -> int | None: ...
 
 
 class CompletionDelta(Protocol):
@@ -29,6 +39,11 @@ class CompletionDelta(Protocol):
 
     @property
     def finish_reason(self) -> str | None: ...
+
+    @property
+    def logprobs(self) -> Sequence[Mapping[int, ScoredToken]] | None:
+        """Per new token, when asked: its own and the likeliest tokens' logprobs, by id."""
+        ...
 
 
 class RequestDelta(Protocol):
@@ -44,18 +59,25 @@ class RequestDelta(Protocol):
     def num_cached_tokens(self) -> int | None: ...
 
 
+Scorer = Callable[[RawScores], TokenLogprobs]  # ids and floats to the API's logprobs (`TokenBytes`)
+
+
 async def token_events(deltas: AsyncIterator[RequestDelta], output: OutputText, params: SamplingParams,
-                       eos_token_ids: frozenset[int],
-                       abort: Callable[[], Awaitable[None]]) -> AsyncIterator[TokenEvent]:
-    """One event per generated token, the last with its finish reason (or an error)."""
+                       eos_token_ids: frozenset[int], abort: Callable[[], Awaitable[None]],
+                       scorer: Scorer | None = None) -> AsyncIterator[TokenEvent]:
+    """One event per generated token, the last with its finish reason (or an error); with `scorer`
+    and `params.logprobs`, each event whose token's text is output carries its logprobs."""
     generated = 0
     async for delta in deltas:
         completion = delta.outputs[0]
-        for token in completion.token_ids:
+        for index, token in enumerate(completion.token_ids):
             generated += 1
             step = next_text(output, token, generated, params, eos_token_ids)
             cached = (delta.num_cached_tokens or 0) if generated == 1 else None
-            yield TokenEvent(step.text, generated, step.finish_reason, cached_tokens=cached)
+            scores = None if step.by_id or scorer is None else scored(completion, index, token, params)
+            logprobs = scorer(scores) if scorer is not None and scores is not None else None
+            yield TokenEvent(step.text, generated, step.finish_reason, cached_tokens=cached,
+                             logprobs=logprobs)
             if step.finish_reason is not None:
                 if not delta.finished:
                     await abort()  # llmd ended it (a stop string): vLLM need not go on
@@ -69,3 +91,17 @@ async def token_events(deltas: AsyncIterator[RequestDelta], output: OutputText, 
                 yield TokenEvent(output.finish(), generated, reason)
             return
     yield TokenEvent("", generated, error="the vLLM engine's stream ended before the request did")
+
+
+def scored(completion: CompletionDelta, index: int, token: int, params: SamplingParams) -> RawScores | None:
+    """The `index`-th new token's scores as llmd keeps them: its logprob, and the `params.logprobs`
+    likeliest tokens by vLLM's rank (vLLM adds the sampled token to them when it ranks lower)."""
+    if params.logprobs is None or not completion.logprobs or index >= len(completion.logprobs):
+        return None
+    position = completion.logprobs[index]
+    chosen = position.get(token)
+    if chosen is None:
+        return None
+    ranked = sorted((entry.rank or 0, token_id, entry.logprob) for token_id, entry in position.items())
+    top = [(token_id, logprob) for rank, token_id, logprob in ranked if 1 <= rank <= params.logprobs]
+    return RawScores(token, chosen.logprob, tuple(i for i, _ in top), tuple(v for _, v in top))

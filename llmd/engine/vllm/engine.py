@@ -33,7 +33,7 @@ from llmd.engine.prompts import PromptTokenizer
 from llmd.engine.stream import GenerationStream
 from llmd.engine.types import EngineStats, SamplingParams
 from llmd.engine.vllm.counters import RequestCounters
-from llmd.engine.vllm.deltas import token_events
+from llmd.engine.vllm.deltas import Scorer, token_events
 from llmd.engine.vllm.llm import VllmLaunch
 from llmd.engine.vllm.sampling import request_kwargs
 from llmd.engine.vllm.vocabulary import check_vocabularies, llmd_vocabulary, vllm_vocabulary
@@ -123,9 +123,9 @@ class VllmEngine(EngineFront):
 
     def _vllm_params(self, launched: VllmLaunch, params: SamplingParams) -> Any:
         """vLLM's SamplingParams for a choice; a refusal is raised as the request's 400."""
-        if params.logprobs is not None or params.prompt_logprobs is not None:
-            raise UnsupportedParameter("`logprobs` (and prompt logprobs) are not implemented on the vLLM "
-                                       "engine yet", param="logprobs")
+        if params.prompt_logprobs is not None:
+            raise UnsupportedParameter("the prompt's logprobs (`echo` with `logprobs`) are not implemented "
+                                       "on the vLLM engine yet", param="echo")
         try:
             return launched.sampling(request_kwargs(params))
         except launched.invalid_errors as exc:
@@ -137,6 +137,11 @@ class VllmEngine(EngineFront):
         self._pumps[request_id] = task
         task.add_done_callback(lambda _: self._pumps.pop(request_id, None))
 
+    def _scorer(self, params: SamplingParams) -> Scorer | None:
+        """What turns a token's scores into the API's logprobs, when the request asks for them."""
+        assert self._tokenizer is not None
+        return self._tokenizer.token_logprobs if params.logprobs is not None else None
+
     async def _generate(self, launched: VllmLaunch, stream: GenerationStream, prompt_ids: list[int],
                         params: SamplingParams, sampling: Any) -> None:
         """vLLM's outputs for one request as events into its stream, or the error that ended it."""
@@ -147,7 +152,7 @@ class VllmEngine(EngineFront):
             outputs = launched.llm.generate({"prompt_token_ids": prompt_ids}, sampling, request_id)
             async with contextlib.aclosing(outputs):
                 events = token_events(outputs, output, params, launched.eos_token_ids,
-                                      lambda: self._abort_in_vllm(request_id))
+                                      lambda: self._abort_in_vllm(request_id), self._scorer(params))
                 async for event in events:
                     self._producing.add(request_id)
                     stream.events.put_nowait(event)
