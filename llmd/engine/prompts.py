@@ -35,11 +35,24 @@ T = TypeVar("T")
 GRAMMAR_SECONDS = 10.0  # a schema that takes longer to compile is refused (llguidance: ~1 ms typically)
 
 
+class TokenScores(Protocol):
+    """Token ids' scores as the logprobs API shows them (`TokenBytes`)."""
+
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
+        """A position's scores with each token's own text and bytes."""
+        ...
+
+
 class PromptTokenizer(Protocol):
     """What an engine uses of llmd's `ChatTokenizer` (a unit test puts a fake on this side)."""
 
     eos_token_ids: frozenset[int]
     chat_format: ChatFormat
+
+    @property
+    def token_bytes(self) -> TokenScores:
+        """Each token's own text and bytes, for logprobs."""
+        ...
 
     @property
     def vocabulary_size(self) -> int:
@@ -66,9 +79,6 @@ class PromptTokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
-    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
-        """A position's scores with each token's own text and bytes."""
-        ...
 
 
 def context_budget(max_context: int, prompt_tokens: int, max_tokens: int | None) -> int:

@@ -35,14 +35,7 @@ from llmd.engine.fim import (
 )
 from llmd.engine.token_bytes import TokenBytes
 from llmd.engine.tool_format import detect_chat_format, grammar_token
-from llmd.engine.types import (
-    DEFAULT_TEMPLATE,
-    CompletionPrompt,
-    InfillInput,
-    RawScores,
-    TemplateOptions,
-    TokenLogprobs,
-)
+from llmd.engine.types import DEFAULT_TEMPLATE, CompletionPrompt, InfillInput, TemplateOptions
 from llmd.errors import ContextLengthExceeded, InvalidRequest, UnsupportedParameter
 
 # Private-use characters around a placeholder's index; a user's own are placeholders too.
@@ -420,10 +413,6 @@ class ChatTokenizer:
             return False
         tail = str(self._tokenizer.decode(prompt_ids[-REASONING_TAIL_TOKENS:], skip_special_tokens=False))
         return tail.rfind(markers.start) > tail.rfind(markers.end)
-
-    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
-        """A position's scores with each token's own text and bytes (`TokenBytes`)."""
-        return self.token_bytes.token_logprobs(scores)
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens skipped (but the call marker); the Rust decoder when available."""

@@ -90,6 +90,17 @@ def output(text: str, finish: str | None = None, cached: int | None = None, eos:
 Script = list[FakeOutput | BaseException]
 
 
+class LetterScores:
+    """`TokenBytes` over the letter ids: each id's text is its letter."""
+
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
+        def one(token_id: int, value: float) -> Logprob:
+            return Logprob(token_id, letters([token_id]), letters([token_id]).encode(), value)
+
+        top = zip(scores.top_ids, scores.top_logprobs, strict=True)
+        return TokenLogprobs(one(scores.token_id, scores.logprob), tuple(one(i, v) for i, v in top))
+
+
 @dataclass
 class FakeTokenizer:
     """llmd's tokenizer side (`PromptTokenizer`) over the letter ids."""
@@ -98,6 +109,7 @@ class FakeTokenizer:
     chat_format: ChatFormat = PLAIN
     vocabulary_size: int = VOCABULARY
     special_token_ids: frozenset[int] = frozenset({EOS})
+    token_bytes: LetterScores = field(default_factory=LetterScores)
 
     def encode_chat(self, messages: list[dict[str, Any]],
                     template: TemplateOptions = DEFAULT_TEMPLATE) -> list[int]:
@@ -123,12 +135,6 @@ class FakeTokenizer:
     def decode(self, ids: list[int]) -> str:
         return letters(ids)
 
-    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
-        def one(token_id: int, value: float) -> Logprob:
-            return Logprob(token_id, letters([token_id]), letters([token_id]).encode(), value)
-
-        top = zip(scores.top_ids, scores.top_logprobs, strict=True)
-        return TokenLogprobs(one(scores.token_id, scores.logprob), tuple(one(i, v) for i, v in top))
 
 
 @dataclass

@@ -140,7 +140,7 @@ class VllmEngine(EngineFront):
     def _scorer(self, params: SamplingParams) -> Scorer | None:
         """What turns a token's scores into the API's logprobs, when the request asks for them."""
         assert self._tokenizer is not None
-        return self._tokenizer.token_logprobs if params.logprobs is not None else None
+        return self._tokenizer.token_bytes.token_logprobs if params.logprobs is not None else None
 
     async def _generate(self, launched: VllmLaunch, stream: GenerationStream, prompt_ids: list[int],
                         params: SamplingParams, sampling: Any) -> None:
