@@ -30,6 +30,7 @@ from llmd.engine.types import (
     TemplateOptions,
     TokenLogprobs,
 )
+from llmd.engine.vllm.counters import SchedulerFeed
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.llm import AsyncLLMClient, TokensPrompt, VllmLaunch
 from tests.helpers.byte_tokenizer import byte_tokenizer
@@ -176,6 +177,7 @@ class FakeAsyncLLM:
     health_gate: asyncio.Event | None = None  # when set here, a probe waits for it
     probing: asyncio.Event = field(default_factory=asyncio.Event)  # a probe is waiting at the gate
     shutdowns: int = 0
+    scheduler: SchedulerFeed = field(default_factory=SchedulerFeed)  # its stat loggers' feed
 
     @property
     def errored(self) -> bool:
@@ -193,6 +195,7 @@ class FakeAsyncLLM:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                self.scheduler.record()  # vLLM's stat loggers hear of every step
                 yield item
             if not finished:
                 await asyncio.Event().wait()  # still generating, until closed
@@ -228,7 +231,8 @@ def fake_sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def fake_launch(llm: FakeAsyncLLM) -> VllmLaunch:
     """What `start_async_llm` returns, over the fake."""
-    return VllmLaunch(llm, fake_sampling, frozenset({EOS}), dead_errors=(FakeDeadError,))
+    return VllmLaunch(llm, fake_sampling, frozenset({EOS}), dead_errors=(FakeDeadError,),
+                      scheduler=llm.scheduler)
 
 
 def vllm_profile(max_running: int = 4, max_queue: int = 4) -> Profile:

@@ -13,6 +13,7 @@ import pytest
 
 from llmd.engine.stream import GenerationStream
 from llmd.engine.types import FinishReason, GrammarRequest, SamplingParams, TokenEvent
+from llmd.engine.vllm.counters import SchedulerFeed
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.errors import (
     ConfigError,
@@ -384,3 +385,21 @@ def test_stats_count_what_llmd_saw() -> None:
         return during.running, during.waiting, after.aborted, after.finished, after.prefix_tokens_reused
 
     assert run(body, llm) == (1, 1, 2, 1, 8)
+
+
+def test_steps_come_from_vllms_scheduler_reports() -> None:
+    llm = FakeAsyncLLM([[output("a"), output("b"), output("", "stop", eos=True)]])
+
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> int:
+        before = engine.stats().steps
+        await read(engine.submit(PROMPT, SamplingParams(max_tokens=16)))
+        return engine.stats().steps - before
+
+    assert run(body, llm) == 3  # one report a step, as vLLM's stat loggers get them
+
+
+def test_the_feed_counts_every_cores_steps() -> None:
+    feed = SchedulerFeed()
+    for _ in range(3):  # from any of data parallel's engine cores
+        feed.record()
+    assert feed.steps == 3

@@ -73,6 +73,14 @@ def test_logprobs_come_back_per_token_with_the_greedy_token_ranked_first(client:
     assert "".join(token.token for token in scored.content) == reply.choices[0].message.content
 
 
+def test_stats_count_vllms_steps(daemon: Daemon, client: openai.OpenAI) -> None:
+    before = httpx.get(f"{daemon.url}/stats").json()["steps"]
+    reply = client.chat.completions.create(model="small", messages=CHAT, max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    after = httpx.get(f"{daemon.url}/stats").json()["steps"]
+    assert reply.usage is not None and after - before >= reply.usage.completion_tokens  # a step a token
+
+
 def test_a_client_that_leaves_frees_its_request(daemon: Daemon, client: openai.OpenAI) -> None:
     aborted = httpx.get(f"{daemon.url}/stats").json()["aborted"]
     stream = client.chat.completions.create(model="small", messages=CHAT, max_tokens=2000, temperature=0,

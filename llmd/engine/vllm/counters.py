@@ -1,6 +1,7 @@
-"""The vLLM engine's counters, from what llmd itself sees of its requests (vLLM's own scheduler
-stats stay vLLM's): how each closed stream ended, the tokens it got, the prefix-cache hits vLLM
-reported on it, and the pace of its tokens (for Retry-After)."""
+"""The vLLM engine's counters: from what llmd itself sees of its requests (how each closed stream
+ended, the tokens it got, the prefix-cache hits vLLM reported on it, the pace of its tokens for
+Retry-After), and from vLLM's own scheduler, as its stat loggers are handed them (`SchedulerFeed`:
+the steps its engine cores ran)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,23 @@ class RequestCounters:
         if stream.token_gaps:
             self.pace.observe(sum(stream.token_gaps) / len(stream.token_gaps))
 
-    def stats(self, running: int, waiting: int) -> EngineStats:
-        """A snapshot; `running` and `waiting` are the open requests vLLM is and is not yet producing.
-        llmd counts no steps of vLLM's (0)."""
-        return EngineStats(steps=0, running=running, waiting=waiting, finished=self.finished,
+    def stats(self, running: int, waiting: int, steps: int = 0) -> EngineStats:
+        """A snapshot; `running` and `waiting` are the open requests vLLM is and is not yet producing,
+        `steps` what vLLM's scheduler reports (`SchedulerFeed`)."""
+        return EngineStats(steps=steps, running=running, waiting=waiting, finished=self.finished,
                            aborted=self.aborted, generated_tokens=self.generated_tokens,
                            prefix_hits=self.prefix_hits, prefix_tokens_reused=self.prefix_tokens_reused)
+
+
+@dataclass(slots=True)
+class SchedulerFeed:
+    """What vLLM's engine cores report: one scheduler report a step each (data parallel runs
+    several), counted as they come. Fed on the event loop by the stat logger vLLM is started with
+    (`launch.py`). vLLM's own `step_counter` is not a total: it counts a data-parallel wave's steps
+    and is 0 otherwise."""
+
+    steps: int = 0
+
+    def record(self) -> None:
+        """One step's report, of any engine core."""
+        self.steps += 1

@@ -236,9 +236,11 @@ class VllmEngine(EngineFront):
         return self.counters.pace.seconds
 
     def stats(self) -> EngineStats:
-        """llmd's own counts: open requests vLLM is producing (running) and not yet (waiting), totals."""
+        """llmd's own counts (open requests vLLM is producing, running, and not yet, waiting; totals),
+        and the steps vLLM's scheduler reports."""
         producing = sum(request_id in self._producing for request_id in self._pumps)
-        return self.counters.stats(running=producing, waiting=len(self._pumps) - producing)
+        steps = self._vllm.scheduler.steps if self._vllm is not None else 0
+        return self.counters.stats(running=producing, waiting=len(self._pumps) - producing, steps=steps)
 
     def alive(self) -> bool:
         """False once the engine has failed (vLLM dead, or it never started)."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from llmd.config import Profile
 from llmd.engine.vllm.args import ENVIRONMENT, engine_args
+from llmd.engine.vllm.counters import SchedulerFeed
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.llm import VllmLaunch
 from llmd.engine.vllm.vocabulary import stop_ids
@@ -62,11 +63,33 @@ def start_async_llm(args: dict[str, Any]) -> VllmLaunch:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     structured = StructuredOutputsConfig(backend="guidance")
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args, structured_outputs_config=structured))
+    feed = SchedulerFeed()
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args, structured_outputs_config=structured),
+                                    stat_loggers=[scheduler_logger(feed)])
     generation = llm.model_config.try_get_generation_config()
     eos = stop_ids(llm.get_tokenizer().eos_token_id, generation.get("eos_token_id"))
     return VllmLaunch(llm, vllm_sampling, eos, dead_errors=(EngineDeadError,),
-                      invalid_errors=validation_errors())
+                      invalid_errors=validation_errors(), scheduler=feed)
+
+
+def scheduler_logger(feed: SchedulerFeed) -> Any:
+    """A vLLM stat-logger factory (`AsyncLLM(stat_loggers=...)`: called with the config and an engine
+    core's index) whose loggers hand each scheduler report to `feed`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerReports(StatLoggerBase):  # vLLM's interface: an ABC of its own
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                feed.record()
+
+        def log_engine_initialized(self) -> None:
+            """Nothing to say: llmd logs its own start-up."""
+
+    return SchedulerReports
 
 
 def vllm_sampling(kwargs: dict[str, Any]) -> Any:

@@ -9,9 +9,10 @@ llmd has rendered and encoded it) with vLLM `SamplingParams` in DELTA mode, and 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from llmd.engine.vllm.counters import SchedulerFeed
 from llmd.engine.vllm.deltas import RequestDelta
 
 TokensPrompt = dict[str, list[int]]  # vLLM's `TokensPrompt` TypedDict: {"prompt_token_ids": ids}
@@ -86,3 +87,4 @@ class VllmLaunch:
     eos_token_ids: frozenset[int]
     dead_errors: tuple[type[BaseException], ...] = ()
     invalid_errors: tuple[type[BaseException], ...] = (ValueError, TypeError)
+    scheduler: SchedulerFeed = field(default_factory=SchedulerFeed)  # vLLM's own step reports
