@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmd.config import Parallel, Profile
 from llmd.engine.types import SamplingParams
-from llmd.engine.vllm.args import ENVIRONMENT, engine_args, kv_cache_bytes, worker_command
+from llmd.engine.vllm.args import ENVIRONMENT, cpu_thread_binding, engine_args, kv_cache_bytes, worker_command
 from llmd.engine.vllm.sampling import sampling_kwargs
 from llmd.preflight.ranks import rank_plan
 from llmd.preflight.shape import shape_from_config
@@ -85,3 +85,20 @@ def test_a_request_samples_on_vllm_as_it_asked_and_returns_ids_one_token_a_delta
     }  # no stop strings: llmd finds them in its own text and aborts the request
     greedy = sampling_kwargs(SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert greedy["temperature"] == 0.0 and greedy["logit_bias"] is None and greedy["ignore_eos"]
+
+
+def test_a_cpu_replicas_ranks_get_their_own_cores_where_vllms_auto_binding_refuses() -> None:
+    def cpu(**parallel: object) -> Profile:
+        return Profile(name="c", engine="vllm", device="cpu", dtype="float32",
+                       parallel=Parallel(**parallel))  # type: ignore[arg-type]
+
+    bind = "VLLM_CPU_OMP_THREADS_BIND"
+    assert cpu_thread_binding(cpu(tensor=2), [0, 1]) == {bind: "0|1"}
+    assert cpu_thread_binding(cpu(tensor=2, pipeline=2), range(8)) == {bind: "0-1|2-3|4-5|6-7"}
+    assert cpu_thread_binding(cpu(tensor=2), [0, 2, 4, 6, 7]) == {bind: "0,2|4,6"}  # a spare core unused
+    two_nodes = cpu(tensor=2, nodes=2, master_addr="10.0.0.1")
+    assert cpu_thread_binding(two_nodes, [0, 1]) == {}  # one rank here: vLLM's own binding
+    assert cpu_thread_binding(cpu(), [0, 1]) == {}
+    assert cpu_thread_binding(cpu(data=2), [0, 1]) == {}
+    assert cpu_thread_binding(cpu(tensor=4), [0, 1]) == {}  # fewer cores than ranks: vLLM says why
+    assert cpu_thread_binding(profile(tensor=2), [0, 1]) == {}  # CUDA

@@ -7,8 +7,9 @@ rank 0, and vLLM's headless worker for node rank 1, started from the same engine
 One engine runs at a time and is shut down before the next (two cores, 24 GB), and every test
 leaves no process behind. vLLM's CPU backend binds each rank's threads to a NUMA node of its own
 (`VLLM_CPU_OMP_THREADS_BIND=auto`) and refuses more ranks of one replica than the machine has
-nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), so the tensor
-parallel tests bind each rank to its own share of this machine's cores (each "node" its own).
+nodes ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"): llmd gives each
+rank of tensor parallel 2 its own share of the cores itself (`cpu_thread_binding`), and the test of
+two "nodes" on one machine binds each node to its own core.
 
 Skipped without vLLM; run in the vLLM environment (README: "The vLLM environment"). Each engine
 starts in 20-60 s on a CPU.
@@ -132,7 +133,7 @@ def single_rank_replies(vllm_model: Path) -> Replies:
 def test_tensor_parallel_2_gives_tensor_parallel_1s_greedy_tokens(
         vllm_model: Path, single_rank_replies: Replies, no_process_left: None,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(BIND, "|".join(core_bindings(2)))
+    monkeypatch.delenv(BIND, raising=False)  # llmd binds each rank to its own cores (cpu_thread_binding)
     replies, titles = asyncio.run(served(engine_on(vllm_model, Parallel(tensor=2))))
     assert sum("Worker" in name for name in titles) == 2, titles
     assert replies == single_rank_replies

@@ -11,6 +11,7 @@ no vLLM import here; the names are those of vLLM's `EngineArgs` (0.32).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from llmd.config import Profile
@@ -75,3 +76,26 @@ def serve_command(args: dict[str, Any]) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def cpu_thread_binding(profile: Profile, cores: Sequence[int]) -> dict[str, str]:
+    """`VLLM_CPU_OMP_THREADS_BIND` for vLLM's CPU backend where its own `auto` cannot start: it binds
+    each rank of a replica to a NUMA node of its own and refuses more ranks on a machine than nodes
+    ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"). Each of the replica's
+    ranks on this node gets its own contiguous share of `cores` ("0|1", "0-3|4-7"). Nothing for one
+    rank, for data parallel (its replicas start with `auto`), off the CPU, or with fewer cores than
+    ranks; a binding the environment already sets wins (the caller sets it only when absent)."""
+    parallel = profile.parallel
+    ranks = parallel.tensor * parallel.pipeline // max(parallel.nodes, 1)
+    if profile.device != "cpu" or parallel.data > 1 or ranks < 2 or len(cores) < ranks:
+        return {}
+    ordered, share = sorted(cores), len(cores) // ranks
+    groups = [ordered[rank * share:(rank + 1) * share] for rank in range(ranks)]
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(core_range(group) for group in groups)}
+
+
+def core_range(cores: Sequence[int]) -> str:
+    """Sorted core ids as vLLM reads them: "3", or "0-3" when they run on without a gap, else "0,2"."""
+    if len(cores) > 1 and cores[-1] - cores[0] == len(cores) - 1:
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(map(str, cores))

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from llmd.config import Profile
-from llmd.engine.vllm.args import ENVIRONMENT, engine_args
+from llmd.engine.vllm.args import ENVIRONMENT, cpu_thread_binding, engine_args
 from llmd.engine.vllm.counters import SchedulerFeed
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.llm import VllmLaunch
@@ -47,15 +47,17 @@ def vllm_engine(model_dir: str, profile: Profile, plan: RankPlan, fim_template: 
     """The vLLM engine serving `model_dir` as `profile` and its per-GPU `plan` say (not started)."""
     from llmd.engine.tokenizer import ChatTokenizer  # transformers: loaded when serving, not at import
 
-    launch = functools.partial(start_async_llm, engine_args(model_dir, profile, plan))
+    binding = cpu_thread_binding(profile, sorted(os.sched_getaffinity(0)))
+    launch = functools.partial(start_async_llm, engine_args(model_dir, profile, plan), binding)
     tokenizer = functools.partial(ChatTokenizer, model_dir, plan.context, fim_template)
     return VllmEngine(launch, tokenizer, profile, plan.context)
 
 
-def start_async_llm(args: dict[str, Any]) -> VllmLaunch:
+def start_async_llm(args: dict[str, Any], environment: dict[str, str] | None = None) -> VllmLaunch:
     """vLLM's AsyncLLM from `engine_args`, grammars on llguidance (blocking: its processes start and
-    load the model; call it in a thread)."""
-    for key, value in LAUNCH_ENVIRONMENT.items():
+    load the model; call it in a thread). `environment` adds variables vLLM reads (the CPU thread
+    binding); like `LAUNCH_ENVIRONMENT`, each is set only where the environment has none."""
+    for key, value in {**LAUNCH_ENVIRONMENT, **(environment or {})}.items():
         os.environ.setdefault(key, value)
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
