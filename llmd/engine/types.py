@@ -272,8 +272,13 @@ class EngineStats:
     generated_tokens: int
     prefix_hits: int
     prefix_tokens_reused: int
-
-
+    # Requests the engine took back from running to free KV cache room (vLLM; the native engine
+    # admits only what fits and never preempts).
+    preemptions: int = 0
+    # Share of the KV cache's blocks in use, 0-1, as vLLM's scheduler reports it (the mean of its
+    # engine cores); None where the engine has no block pool (the native engine's caches are per
+    # request and preflight sized them).
+    kv_cache_usage: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 The engine client reports each stream as it closes (`observe_stream`), the API layer each
 error response and each in-stream error event (`observe_error`). Gauges that mirror the
-engine (running, waiting, prefix cache, GPU memory) are read at scrape time from callbacks
-the daemon supplies, so the hot path never updates them.
+engine (running, waiting, prefix cache, preemptions and KV cache use, GPU memory) are read at
+scrape time from callbacks the daemon supplies, so the hot path never updates them.
 No torch here: GPU memory comes from a callback, and only on CUDA.
 """
 
@@ -201,6 +201,14 @@ class EngineCollector:
         yield _counter("llmd_prefix_cache_tokens_reused_total",
                        "Prompt tokens taken from the prefix cache instead of being recomputed.",
                        stats.prefix_tokens_reused if stats else None)
+        yield _counter("llmd_preemptions_total",
+                       "Running requests the engine took back to free KV cache room (vLLM engine; the "
+                       "native engine admits only what fits and never preempts).",
+                       stats.preemptions if stats else None)
+        yield _gauge("llmd_kv_cache_usage_ratio",
+                     "Share of the KV cache's blocks in use, 0-1, as vLLM's scheduler reports it (vLLM "
+                     "engine only: the native engine's caches are per request, sized by preflight).",
+                     stats.kv_cache_usage if stats else None)
         yield _gauge("llmd_gpu_memory_used_bytes",
                      "GPU memory llmd holds on the serving device (CUDA allocator reserved; CUDA only).",
                      memory[0] if memory else None)

@@ -2,10 +2,11 @@
 for the vLLM engine's unit tests: no vLLM, no torch, no model.
 
 Tokens are letters: id 2 is "a", 3 "b", ... and `EOS` (1) is empty text. Each `generate` plays
-the next script of `FakeAsyncLLM.scripts`: outputs in order, an exception where one is scripted,
-then (unless an output finished it) it holds, as a request still generating does, until it is
-closed. What the engine asked is recorded: requests (prompt, sampling keywords, id), aborts (also
-as a queue a test awaits), generators closed early, health probes, shutdowns.
+the next script of `FakeAsyncLLM.scripts`: outputs in order (each a step the stat loggers hear
+of, with `kv_cache_usage`), an exception or a `Preemption` where one is scripted, then (unless an
+output finished it) it holds, as a request still generating does, until it is closed. What the
+engine asked is recorded: requests (prompt, sampling keywords, id), aborts (also as a queue a test
+awaits), generators closed early, health probes, shutdowns.
 """
 
 from __future__ import annotations
@@ -88,7 +89,12 @@ def output(text: str, finish: str | None = None, cached: int | None = None, eos:
     return FakeOutput([completion], finished=finish is not None, num_cached_tokens=cached)
 
 
-Script = list[FakeOutput | BaseException]
+@dataclass(frozen=True)
+class Preemption:
+    """In a script: vLLM's scheduler preempts the request here (its iteration stats say so)."""
+
+
+Script = list[FakeOutput | BaseException | Preemption]
 
 
 class LetterScores:
@@ -178,6 +184,7 @@ class FakeAsyncLLM:
     probing: asyncio.Event = field(default_factory=asyncio.Event)  # a probe is waiting at the gate
     shutdowns: int = 0
     scheduler: SchedulerFeed = field(default_factory=SchedulerFeed)  # its stat loggers' feed
+    kv_cache_usage: float = 0.125  # what each step's scheduler report says
 
     @property
     def errored(self) -> bool:
@@ -194,8 +201,11 @@ class FakeAsyncLLM:
             for item in script:
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, Preemption):
+                    self.scheduler.preempted(1)
+                    continue
                 finished = item.finished
-                self.scheduler.record()  # vLLM's stat loggers hear of every step
+                self.scheduler.record(0, self.kv_cache_usage)  # vLLM's stat loggers hear of every step
                 yield item
             if not finished:
                 await asyncio.Event().wait()  # still generating, until closed

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 import pytest
@@ -147,16 +147,26 @@ def test_engine_gauges_are_read_at_scrape_time() -> None:
     assert values[("llmd_prefix_cache_tokens_reused_total", ())] == 128
 
 
+def test_the_kv_cache_gauge_has_a_sample_only_from_an_engine_with_a_block_pool() -> None:
+    native = scrape(Metrics(engine_stats=stats))  # per-request caches: no usage to report
+    assert ("llmd_kv_cache_usage_ratio", ()) not in native
+    assert native[("llmd_preemptions_total", ())] == 0
+    pooled = scrape(Metrics(engine_stats=lambda: replace(stats(), kv_cache_usage=0.25, preemptions=3)))
+    assert pooled[("llmd_kv_cache_usage_ratio", ())] == 0.25
+    assert pooled[("llmd_preemptions_total", ())] == 3
+
+
 HISTOGRAMS = ("llmd_time_to_first_token_seconds", "llmd_inter_token_latency_seconds",
               "llmd_request_duration_seconds", "llmd_queue_wait_seconds")
 COUNTERS = ("llmd_prompt_tokens", "llmd_completion_tokens", "llmd_requests", "llmd_errors",
-            "llmd_prefix_cache_hits", "llmd_prefix_cache_tokens_reused")
+            "llmd_prefix_cache_hits", "llmd_prefix_cache_tokens_reused", "llmd_preemptions")
 GAUGES = ("llmd_requests_running", "llmd_requests_waiting", "llmd_model_load_seconds", "llmd_warmup_seconds",
-          "llmd_gpu_memory_used_bytes", "llmd_gpu_memory_total_bytes")
+          "llmd_gpu_memory_used_bytes", "llmd_gpu_memory_total_bytes", "llmd_kv_cache_usage_ratio")
 
 
 def test_metric_types() -> None:
-    kinds = families(Metrics(engine_stats=stats, gpu_memory=lambda: (1, 2)))
+    pooled = replace(stats(), kv_cache_usage=0.5)  # the KV gauge has a sample only from vLLM
+    kinds = families(Metrics(engine_stats=lambda: pooled, gpu_memory=lambda: (1, 2)))
     expected = {**dict.fromkeys(HISTOGRAMS, "histogram"), **dict.fromkeys(COUNTERS, "counter"),
                 **dict.fromkeys(GAUGES, "gauge")}
     assert {name: kinds.get(name) for name in expected} == expected

@@ -32,6 +32,7 @@ from tests.helpers.fake_vllm import (
     FakeLogprob,
     FakeOutput,
     FakeVllmTokenizer,
+    Preemption,
     fake_engine,
     ids,
     output,
@@ -398,8 +399,23 @@ def test_steps_come_from_vllms_scheduler_reports() -> None:
     assert run(body, llm) == 3  # one report a step, as vLLM's stat loggers get them
 
 
-def test_the_feed_counts_every_cores_steps() -> None:
+def test_the_feed_counts_every_cores_steps_and_averages_their_kv_cache_use() -> None:
     feed = SchedulerFeed()
-    for _ in range(3):  # from any of data parallel's engine cores
-        feed.record()
-    assert feed.steps == 3
+    assert feed.kv_cache_usage is None  # no report yet: no figure, not a zero
+    feed.record(engine=0, kv_cache_usage=0.5)  # data parallel: two engine cores report in turn
+    feed.record(engine=1, kv_cache_usage=0.25)
+    feed.record(engine=0, kv_cache_usage=0.75)  # a core's latest report replaces its last
+    feed.preempted(2)
+    feed.preempted(0)
+    assert (feed.steps, feed.kv_cache_usage, feed.preemptions) == (3, 0.5, 2)
+
+
+def test_vllms_scheduler_reports_reach_the_engines_stats() -> None:
+    llm = FakeAsyncLLM([[output("a"), Preemption(), output("", "stop", eos=True)]], kv_cache_usage=0.375)
+
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> tuple[float | None, int]:
+        await read(engine.submit(PROMPT, SamplingParams(max_tokens=16)))
+        stats = engine.stats()
+        return stats.kv_cache_usage, stats.preemptions
+
+    assert run(body, llm) == (0.375, 1)

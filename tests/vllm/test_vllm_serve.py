@@ -1,7 +1,8 @@
 """`llmd serve --profile vllm-cpu`: llmd's daemon on vLLM's engine, from the outside, with the real
-`openai` SDK: a stream of one chunk per token equal to the non-streamed reply, logprobs per token, a
-client that leaves mid-stream freeing its request, a prompt over the context refused with llmd's
-400, and SIGTERM draining, then leaving no process of vLLM's behind.
+`openai` SDK: a stream of one chunk per token equal to the non-streamed reply, logprobs per token,
+vLLM's steps and KV cache use in /stats and /metrics, a client that leaves mid-stream freeing its
+request, a prompt over the context refused with llmd's 400, and SIGTERM draining, then leaving no
+process of vLLM's behind.
 
 Skipped without vLLM; run in the vLLM environment (`scripts/vllm-env DIR`, then
 `DIR/bin/python -m pytest tests/vllm`). vLLM's engine starts in 20-60 s on a CPU.
@@ -18,6 +19,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.daemon import Daemon, start_daemon
 from tests.helpers.waiting import wait_until
@@ -79,6 +81,19 @@ def test_stats_count_vllms_steps(daemon: Daemon, client: openai.OpenAI) -> None:
                                            extra_body={"ignore_eos": True})
     after = httpx.get(f"{daemon.url}/stats").json()["steps"]
     assert reply.usage is not None and after - before >= reply.usage.completion_tokens  # a step a token
+
+
+def test_metrics_carry_vllms_kv_cache_use_while_a_request_runs(daemon: Daemon, client: openai.OpenAI) -> None:
+    with client.chat.completions.create(model="small", messages=CHAT, max_tokens=400, temperature=0,
+                                        stream=True, extra_body={"ignore_eos": True}) as stream:
+        chunks = iter(stream)
+        for _ in range(3):  # a few steps in: vLLM's scheduler has reported the request's blocks
+            next(chunks)
+        samples = {family.name: family.samples[0].value
+                   for family in text_string_to_metric_families(httpx.get(f"{daemon.url}/metrics").text)
+                   if family.samples}
+    assert 0 < samples["llmd_kv_cache_usage_ratio"] <= 1
+    assert samples["llmd_preemptions"] == 0  # one request in a cache sized for max_running: no preemption
 
 
 def test_a_client_that_leaves_frees_its_request(daemon: Daemon, client: openai.OpenAI) -> None:

@@ -237,10 +237,10 @@ class VllmEngine(EngineFront):
 
     def stats(self) -> EngineStats:
         """llmd's own counts (open requests vLLM is producing, running, and not yet, waiting; totals),
-        and the steps vLLM's scheduler reports."""
+        and what vLLM's scheduler reports (steps, preemptions, KV cache use)."""
         producing = sum(request_id in self._producing for request_id in self._pumps)
-        steps = self._vllm.scheduler.steps if self._vllm is not None else 0
-        return self.counters.stats(running=producing, waiting=len(self._pumps) - producing, steps=steps)
+        scheduler = self._vllm.scheduler if self._vllm is not None else None
+        return self.counters.stats(producing, len(self._pumps) - producing, scheduler)
 
     def alive(self) -> bool:
         """False once the engine has failed (vLLM dead, or it never started)."""

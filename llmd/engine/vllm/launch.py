@@ -86,7 +86,9 @@ def scheduler_logger(feed: SchedulerFeed) -> Any:
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                    engine_idx: int = 0) -> None:
             if scheduler_stats is not None:
-                feed.record()
+                feed.record(engine_idx, scheduler_stats.kv_cache_usage)
+            if iteration_stats is not None:
+                feed.preempted(iteration_stats.num_preempted_reqs)
 
         def log_engine_initialized(self) -> None:
             """Nothing to say: llmd logs its own start-up."""
