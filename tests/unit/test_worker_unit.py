@@ -18,7 +18,7 @@ from llmd.engine.vllm.args import engine_args, worker_command
 from llmd.errors import EXIT_PREFLIGHT, ConfigError
 from llmd.preflight.ranks import plan_ranks_for_model
 from llmd.service import install, worker
-from llmd.service.worker import VLLM_CLI, WorkerNode, plan_worker, worker_warnings
+from llmd.service.worker import WorkerNode, plan_worker, worker_warnings
 from tests.helpers.configs import LLAMA_3_1_70B
 from tests.helpers.units import TEMPLATE, TRUE, install_args
 
@@ -55,8 +55,8 @@ def test_the_worker_runs_vllms_cli_with_the_heads_engine_arguments(tmp_path: Pat
     profile = load_profile(str(tmp_path / "srv/two-nodes.yaml"))
     head_plan = plan_ranks_for_model(model, profile, "80GiB", 8, label=model)  # what `llmd check` plans
     expected = worker_command(engine_args(model, profile, head_plan), node_rank=1)
-    assert shlex.split(exec_start.removeprefix("ExecStart=")) == ["/opt/vllm/bin/python", "-m", VLLM_CLI,
-                                                                  *expected]
+    assert shlex.split(exec_start.removeprefix("ExecStart=")) == ["/opt/vllm/bin/python", "-m",
+                                                                  "llmd.engine.vllm.cli", *expected]
     assert expected[:3] == ["serve", model, "--headless"] and "--node-rank" in expected
     assert unit.unit_file == tmp_path / "etc/systemd/system/llmd-worker.service"
 

