@@ -9,6 +9,7 @@ Importing this module never imports torch; only the CUDA check and the measureme
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +19,8 @@ import psutil
 from llmd.config import Profile, parse_size
 from llmd.errors import ConfigError, DeviceUnavailable
 from llmd.units import GiB, bytes_text
+
+log = logging.getLogger("llmd.preflight")
 
 # `--profile auto` picks by the card's total memory.
 AUTO_24GB_MIN = 22 * GiB  # a "24 GB" card reports ~23.6 GiB; leave room for driver differences
@@ -133,9 +136,10 @@ def _cuda_free_memory(profile: Profile) -> tuple[int, int]:
 def rank_budget(profile: Profile) -> tuple[int, int]:
     """What `llmd serve` plans an `engine: vllm` profile against here: (bytes per GPU, GPUs per node).
 
-    CUDA: the smallest card's total memory (vLLM's workers start in other processes, so nothing
-    is measured free from here; the plan's overhead and headroom come out of it) and how many
-    cards CUDA sees. CPU (vLLM's CPU backend): the RAM available now, shared by this node's ranks.
+    CUDA: the least free memory of the cards CUDA sees, read through NVML (`cuda_free_bytes`: no
+    CUDA context opened here, since vLLM's workers hold the cards from their own processes; the
+    plan's overhead and headroom come out of it), and how many cards. CPU (vLLM's CPU backend): the
+    RAM available now, shared by this node's ranks.
     """
     if profile.device == "cpu":
         ranks = -(-profile.parallel.gpus // profile.parallel.nodes)
@@ -146,4 +150,20 @@ def rank_budget(profile: Profile) -> tuple[int, int]:
     import torch
 
     count = torch.cuda.device_count()
-    return min(int(torch.cuda.get_device_properties(i).total_memory) for i in range(count)), count
+    return min(cuda_free_bytes(index) for index in range(count)), count
+
+
+def cuda_free_bytes(index: int) -> int:
+    """Memory free now on CUDA card `index` (its total less what NVML says is used: by a desktop,
+    another server, a worker left behind), without opening a CUDA context in this process. Without
+    NVML (`nvidia-ml-py`, which vLLM's CUDA wheel installs) the card's total, with a warning."""
+    import torch
+
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    try:
+        used = int(torch.cuda.device_memory_used(index))
+    except Exception as exc:  # no pynvml, or NVML refuses: plan on the total, as before
+        log.warning("cannot read GPU %d's used memory through NVML (%s: %s); planning on its total %s",
+                    index, type(exc).__name__, exc, bytes_text(total))
+        return total
+    return max(total - used, 0)
