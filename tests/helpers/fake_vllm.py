@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,9 @@ def output(text: str, finish: str | None = None, cached: int | None = None, eos:
 @dataclass(frozen=True)
 class Preemption:
     """In a script: vLLM's scheduler preempts the request here (its iteration stats say so)."""
+
+
+START_GUARD = 30.0  # seconds a fake slow start waits at most: only a hung test gets there
 
 
 Script = list[FakeOutput | BaseException | Preemption]
@@ -185,6 +189,22 @@ class FakeAsyncLLM:
     shutdowns: int = 0
     scheduler: SchedulerFeed = field(default_factory=SchedulerFeed)  # its stat loggers' feed
     kv_cache_usage: float = 0.125  # what each step's scheduler report says
+    # A slow start: the launch waits for this gate; a stop during it ends the processes (`stoppable`),
+    # and the launch then fails as vLLM's does when its engine core dies at start.
+    start_gate: threading.Event | None = None
+    stoppable: bool = True
+    processes_told: int = 0
+    killed: bool = False
+
+    def stop_processes(self) -> int:
+        """The engine's `stop_processes`: how many processes were told (1, or 0 when not stoppable)."""
+        self.processes_told += 1
+        if not self.stoppable:
+            return 0
+        self.killed = True
+        if self.start_gate is not None:
+            self.start_gate.set()
+        return 1
 
     @property
     def errored(self) -> bool:
@@ -240,7 +260,11 @@ def fake_sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def fake_launch(llm: FakeAsyncLLM) -> VllmLaunch:
-    """What `start_async_llm` returns, over the fake."""
+    """What `start_async_llm` returns, over the fake (after `start_gate`, when there is one)."""
+    if llm.start_gate is not None:
+        llm.start_gate.wait(START_GUARD)
+        if llm.killed:
+            raise RuntimeError("Engine core initialization failed. See root cause above.")
     return VllmLaunch(llm, fake_sampling, frozenset({EOS}), dead_errors=(FakeDeadError,),
                       scheduler=llm.scheduler)
 
@@ -254,7 +278,7 @@ def fake_engine(llm: FakeAsyncLLM, profile: Profile | None = None, max_context: 
     """The vLLM engine over `llm` and the fake tokenizer (not started); health probes only when asked."""
     tokenizer: Callable[[], PromptTokenizer] = FakeTokenizer
     return VllmEngine(functools.partial(fake_launch, llm), tokenizer, profile or vllm_profile(), max_context,
-                      health_seconds=3600.0)
+                      health_seconds=3600.0, stop_processes=llm.stop_processes)
 
 
 def _fits(llm: FakeAsyncLLM) -> AsyncLLMClient:

@@ -6,6 +6,7 @@ an event the engine or the fake sets (with a generous guard only against a hang)
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -419,3 +420,39 @@ def test_vllms_scheduler_reports_reach_the_engines_stats() -> None:
         return stats.kv_cache_usage, stats.preemptions
 
     assert run(body, llm) == (0.375, 1)
+
+
+def test_a_stop_during_vllms_start_cuts_the_start_short() -> None:
+    llm = FakeAsyncLLM(start_gate=threading.Event())  # vLLM still loading: only a stop ends it
+
+    async def main() -> tuple[bool, bool, int, int]:
+        engine = fake_engine(llm)
+        await engine.start()
+        await asyncio.wait_for(engine.shutdown(), HANG_GUARD)
+        assert engine.failed is not None
+        return engine.ready.is_set(), engine.failed.done(), llm.processes_told, llm.shutdowns
+
+    # never ready, and a stop is not a failure (exit 0); vLLM's processes were told to stop
+    assert asyncio.run(main()) == (False, False, 1, 0)
+
+
+def test_a_start_that_outruns_the_stop_is_shut_down_not_served() -> None:
+    llm = FakeAsyncLLM(start_gate=threading.Event(), stoppable=False)  # no process to stop yet
+
+    async def main() -> tuple[bool, bool, int]:
+        engine = fake_engine(llm)
+        await engine.start()
+        stopping = asyncio.ensure_future(engine.shutdown())
+
+        async def looked_twice() -> None:  # the stop keeps looking for processes while the start runs
+            while llm.processes_told < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(looked_twice(), HANG_GUARD)
+        assert llm.start_gate is not None
+        llm.start_gate.set()  # the start completes after all
+        await asyncio.wait_for(stopping, HANG_GUARD)
+        assert engine.failed is not None
+        return engine.ready.is_set(), engine.failed.done(), llm.shutdowns
+
+    assert asyncio.run(main()) == (False, False, 1)  # what it started is shut down

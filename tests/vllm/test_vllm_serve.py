@@ -2,7 +2,7 @@
 `openai` SDK: a stream of one chunk per token equal to the non-streamed reply, logprobs per token,
 vLLM's steps and KV cache use in /stats and /metrics, a client that leaves mid-stream freeing its
 request, a prompt over the context refused with llmd's 400, and SIGTERM draining, then leaving no
-process of vLLM's behind.
+process of vLLM's behind; a SIGTERM while vLLM still starts cuts the start short.
 
 Skipped without vLLM; run in the vLLM environment (`scripts/vllm-env DIR`, then
 `DIR/bin/python -m pytest tests/vllm`). vLLM's engine starts in 20-60 s on a CPU.
@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.daemon import Daemon, start_daemon
+from tests.helpers.processes import GONE_SECONDS, vllm_titles
 from tests.helpers.waiting import wait_until
 
 with warnings.catch_warnings():
@@ -30,6 +31,26 @@ with warnings.catch_warnings():
 
 START_GUARD = 600.0  # seconds: vLLM's start on a busy two-core CPU; only a hung start waits this long
 CHAT = [{"role": "user", "content": "Say something"}]
+
+
+def test_a_stop_during_vllms_start_ends_it_and_leaves_no_process(vllm_model: Path, tmp_path: Path) -> None:
+    starting = start_daemon(tmp_path, "--model", str(vllm_model), "--profile", "vllm-cpu", wait_ready=False)
+    try:
+        def engine_core() -> list[psutil.Process]:  # vLLM has spawned its engine core: loading begins
+            if starting.process.poll() is not None:
+                pytest.fail(f"llmd exited with {starting.process.returncode}:\n{starting.log()}")
+            spawned = psutil.Process(starting.process.pid).children(recursive=True)
+            return spawned if any(t.startswith("VLLM::EngineCore") for t in vllm_titles(spawned)) else []
+
+        children = wait_until("vLLM's engine core started", engine_core, START_GUARD)
+        starting.process.send_signal(signal.SIGTERM)
+        # a stop is not a failure: 0, and not after the whole start (which would log it ready)
+        assert starting.process.wait(timeout=START_GUARD) == 0, starting.log()
+    finally:
+        starting.stop()
+    assert "vLLM's start was cut short by the stop" in starting.log(), starting.log()
+    _, alive = psutil.wait_procs(children, timeout=GONE_SECONDS)
+    assert not alive, f"left running: {[p.pid for p in alive]}"
 
 
 @pytest.fixture(scope="module")

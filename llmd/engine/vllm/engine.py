@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import psutil
+
 from llmd.config import Profile
 from llmd.engine.detokenizer import OutputText
 from llmd.engine.front import EngineFront
@@ -41,20 +43,35 @@ from llmd.errors import EngineFailure, InvalidRequest, LlmdError, ShuttingDown, 
 
 log = logging.getLogger("llmd.engine.vllm")
 HEALTH_SECONDS = 5.0  # between `check_health` probes (the watchdog's stall limit is minutes)
+STOP_POLL_SECONDS = 0.5  # a stop during vLLM's start: between passes over the processes it spawned
 DEAD = "the vLLM engine has died; the server is restarting"
+
+
+def stop_child_processes() -> int:
+    """SIGTERM to every process this one has spawned, and theirs: vLLM's engine core, its workers and
+    multiprocessing's helpers (llmd starts no other process). Returns how many were told."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    return len(children)
 
 
 class VllmEngine(EngineFront):
     """Serves requests on vLLM's AsyncLLM, started by `launch` (in a thread) after llmd's tokenizer."""
 
     def __init__(self, launch: Callable[[], VllmLaunch], load_tokenizer: Callable[[], PromptTokenizer],
-                 profile: Profile, max_context: int, health_seconds: float = HEALTH_SECONDS) -> None:
+                 profile: Profile, max_context: int, health_seconds: float = HEALTH_SECONDS,
+                 stop_processes: Callable[[], int] = stop_child_processes) -> None:
         """`launch` builds the AsyncLLM (blocking: minutes on a large model); `load_tokenizer` llmd's
-        `ChatTokenizer` for the same model; `max_context` until vLLM says what it serves."""
+        `ChatTokenizer` for the same model; `max_context` until vLLM says what it serves;
+        `stop_processes` ends the processes a start has spawned so far (a stop during the start)."""
         super().__init__(profile, max_context)
         self._launch_vllm = launch
         self._load_tokenizer = load_tokenizer
         self._health_seconds = health_seconds
+        self._stop_processes = stop_processes
+        self._stopping = False  # shutdown was asked for: a start still going is cut short
         self._vllm: VllmLaunch | None = None
         self._starting: asyncio.Task[None] | None = None
         self._pumps: dict[str, asyncio.Task[None]] = {}  # by request id, until vLLM's outputs end
@@ -77,9 +94,14 @@ class VllmEngine(EngineFront):
         started = time.monotonic()
         try:
             self._vllm = await asyncio.to_thread(self._launch_vllm)
+            if self._stopping:  # the start outran the stop: shut down what it started
+                return
             self._adopt(self._vllm)
         except Exception as exc:
-            self._set_failed(exc)
+            if self._stopping:
+                log.info("vLLM's start was cut short by the stop (%s)", type(exc).__name__)
+            else:
+                self._set_failed(exc)
             return
         self._launch_seconds = time.monotonic() - started
         self._spawn(self._watch_health())
@@ -92,11 +114,18 @@ class VllmEngine(EngineFront):
         self.max_context = launched.llm.model_config.max_model_len
 
     async def shutdown(self) -> None:
-        """Stop probing and shut vLLM down (`AsyncLLM.shutdown`: its processes); a start still going
-        is waited for first, so its processes are not left behind."""
+        """Stop probing and shut vLLM down (`AsyncLLM.shutdown`: its processes). A start still going
+        (loading a large model takes minutes) is cut short: the processes it has spawned are
+        stopped, so that vLLM's start fails at once, every `STOP_POLL_SECONDS` until the start
+        thread returns (a process spawned after one pass is caught by the next)."""
         self._close_grammars()
-        if self._starting is not None:
-            await self._starting
+        self._stopping = True
+        told = False
+        while self._starting is not None and not self._starting.done():
+            if self._stop_processes() and not told:
+                log.info("stopping vLLM's start: its processes are told to stop")
+                told = True
+            await asyncio.wait([self._starting], timeout=STOP_POLL_SECONDS)
         for task in [*self._tasks, *self._pumps.values()]:
             task.cancel()
         if self._vllm is not None:
@@ -259,3 +288,4 @@ class VllmEngine(EngineFront):
     def startup_seconds(self) -> tuple[float, float]:
         """Seconds vLLM took to start (load, profile, compile, capture; vLLM's own log has the parts), 0."""
         return self._launch_seconds, 0.0
+
