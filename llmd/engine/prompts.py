@@ -24,6 +24,7 @@ from llmd.engine.types import (
     Constraint,
     GrammarRequest,
     InfillInput,
+    Logprob,
     RawScores,
     SamplingParams,
     TemplateOptions,
@@ -40,6 +41,10 @@ class TokenScores(Protocol):
 
     def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
         """A position's scores with each token's own text and bytes."""
+        ...
+
+    def logprob(self, token_id: int, value: float | None) -> Logprob:
+        """One token with its text and bytes, and `value` (None: a token nothing scored)."""
         ...
 
 

@@ -81,6 +81,7 @@ class FakeOutput:
     outputs: list[FakeCompletion]
     finished: bool = False
     num_cached_tokens: int | None = None
+    prompt_logprobs: list[dict[int, FakeLogprob] | None] | None = None  # when asked, before the first token
 
 
 def output(text: str, finish: str | None = None, cached: int | None = None, eos: bool = False) -> FakeOutput:
@@ -104,12 +105,13 @@ Script = list[FakeOutput | BaseException | Preemption]
 class LetterScores:
     """`TokenBytes` over the letter ids: each id's text is its letter."""
 
-    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
-        def one(token_id: int, value: float) -> Logprob:
-            return Logprob(token_id, letters([token_id]), letters([token_id]).encode(), value)
+    def logprob(self, token_id: int, value: float | None) -> Logprob:
+        return Logprob(token_id, letters([token_id]), letters([token_id]).encode(), value)
 
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
         top = zip(scores.top_ids, scores.top_logprobs, strict=True)
-        return TokenLogprobs(one(scores.token_id, scores.logprob), tuple(one(i, v) for i, v in top))
+        return TokenLogprobs(self.logprob(scores.token_id, scores.logprob),
+                             tuple(self.logprob(i, v) for i, v in top))
 
 
 @dataclass

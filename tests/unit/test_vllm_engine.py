@@ -23,7 +23,6 @@ from llmd.errors import (
     InvalidRequest,
     Overloaded,
     ShuttingDown,
-    UnsupportedParameter,
 )
 from tests.helpers.fake_vllm import (
     EOS,
@@ -207,15 +206,31 @@ def test_logprobs_come_from_vllms_ranked_scores_with_llmds_token_text() -> None:
     assert events[2].logprobs is None  # EOS ended the reply: its text is not output, nor scored
 
 
-def test_unasked_logprobs_are_none_and_the_prompts_are_refused_by_name() -> None:
-    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> tuple[list[TokenEvent], UnsupportedParameter]:
-        events = await read(engine.submit(PROMPT, SamplingParams(max_tokens=8)))
-        with pytest.raises(UnsupportedParameter) as caught:
-            engine.submit(PROMPT, SamplingParams(max_tokens=4, logprobs=1, prompt_logprobs=1))
-        return events, caught.value
+def test_unasked_logprobs_are_none() -> None:
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> list[TokenEvent]:
+        return await read(engine.submit(PROMPT, SamplingParams(max_tokens=8)))
 
-    events, refused = run(body, FakeAsyncLLM([[output("ab", "stop", eos=True)]]))
-    assert all(event.logprobs is None for event in events) and refused.param == "echo"
+    events = run(body, FakeAsyncLLM([[output("ab", "stop", eos=True)]]))
+    assert all(event.logprobs is None and event.prompt_logprobs is None for event in events)
+
+
+def test_the_prompts_logprobs_come_on_the_first_event_however_vllm_splits_them() -> None:
+    h, i, a = ids("hia")  # PROMPT is "hi"; vLLM scores "i" after "h" (the first token: nothing does)
+    prefill = FakeOutput([FakeCompletion([])], prompt_logprobs=[None])  # a first chunk: no token yet
+    first = FakeOutput([FakeCompletion(ids("b"))],
+                       prompt_logprobs=[{i: FakeLogprob(-1.5, 2), a: FakeLogprob(-0.3, 1)}])
+    llm = FakeAsyncLLM([[prefill, first, output("", "stop", eos=True)]])
+
+    async def body(engine: VllmEngine, llm: FakeAsyncLLM) -> list[TokenEvent]:
+        return await read(engine.submit(PROMPT, SamplingParams(max_tokens=8, prompt_logprobs=1)))
+
+    events = run(body, llm)
+    assert llm.requests[0][1]["prompt_logprobs"] == 1
+    prompt = events[0].prompt_logprobs
+    assert prompt is not None and [(p.chosen.token_id, p.chosen.text, p.chosen.logprob) for p in prompt] == [
+        (h, "h", None), (i, "i", -1.5)]
+    assert prompt[0].top == () and [(t.text, t.logprob) for t in prompt[1].top] == [("a", -0.3)]
+    assert all(event.prompt_logprobs is None for event in events[1:])
 
 
 def test_another_failure_of_one_request_is_a_500_and_the_engine_serves_on() -> None:

@@ -1,8 +1,9 @@
 """`llmd serve --profile vllm-cpu`: llmd's daemon on vLLM's engine, from the outside, with the real
 `openai` SDK: a stream of one chunk per token equal to the non-streamed reply, logprobs per token,
-vLLM's steps and KV cache use in /stats and /metrics, a client that leaves mid-stream freeing its
-request, a prompt over the context refused with llmd's 400, and SIGTERM draining, then leaving no
-process of vLLM's behind; a SIGTERM while vLLM still starts cuts the start short.
+an echoed prompt's logprobs equal to the model's own, vLLM's steps and KV cache use in /stats and
+/metrics, a client that leaves mid-stream freeing its request, a prompt over the context refused
+with llmd's 400, and SIGTERM draining, then leaving no process of vLLM's behind; a SIGTERM while
+vLLM still starts cuts the start short.
 
 Skipped without vLLM; run in the vLLM environment (`scripts/vllm-env DIR`, then
 `DIR/bin/python -m pytest tests/vllm`). vLLM's engine starts in 20-60 s on a CPU.
@@ -94,6 +95,27 @@ def test_logprobs_come_back_per_token_with_the_greedy_token_ranked_first(client:
         assert token.logprob <= 0 and len(token.top_logprobs) == 3
         assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)  # greedy: the likeliest
     assert "".join(token.token for token in scored.content) == reply.choices[0].message.content
+
+
+def test_echoed_prompt_logprobs_are_the_models_own(client: openai.OpenAI, vllm_model: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = [5, 17, 42, 99, 7, 256]  # token ids: what the model scores is exactly these
+    reply = client.completions.create(model="small", prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                      logprobs=2)
+    scored = reply.choices[0].logprobs
+    assert scored is not None and scored.token_logprobs is not None and scored.top_logprobs is not None
+    assert reply.usage is not None
+    assert len(scored.token_logprobs) == len(prompt) + reply.usage.completion_tokens
+    assert scored.token_logprobs[0] is None  # nothing predicts the first token
+    model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].log_softmax(-1)
+    expected = [logits[position - 1, token].item() for position, token in enumerate(prompt) if position]
+    assert scored.token_logprobs[1:len(prompt)] == pytest.approx(expected, abs=1e-3)
+    for alternatives in scored.top_logprobs[1:len(prompt)]:
+        assert 2 <= len(alternatives) <= 3  # the 2 likeliest, and the prompt's token where it is not
 
 
 def test_stats_count_vllms_steps(daemon: Daemon, client: openai.OpenAI) -> None:

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -33,13 +33,13 @@ from llmd.engine.front import EngineFront
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompts import PromptTokenizer
 from llmd.engine.stream import GenerationStream
-from llmd.engine.types import EngineStats, SamplingParams
+from llmd.engine.types import EngineStats, SamplingParams, TokenLogprobs
 from llmd.engine.vllm.counters import RequestCounters
-from llmd.engine.vllm.deltas import Scorer, token_events
+from llmd.engine.vllm.deltas import PromptScorer, ScoredToken, Scorer, prompt_raw_scores, token_events
 from llmd.engine.vllm.llm import VllmLaunch
 from llmd.engine.vllm.sampling import request_kwargs
 from llmd.engine.vllm.vocabulary import check_vocabularies, llmd_vocabulary, vllm_vocabulary
-from llmd.errors import EngineFailure, InvalidRequest, LlmdError, ShuttingDown, UnsupportedParameter
+from llmd.errors import EngineFailure, InvalidRequest, LlmdError, ShuttingDown
 
 log = logging.getLogger("llmd.engine.vllm")
 HEALTH_SECONDS = 5.0  # between `check_health` probes (the watchdog's stall limit is minutes)
@@ -152,9 +152,6 @@ class VllmEngine(EngineFront):
 
     def _vllm_params(self, launched: VllmLaunch, params: SamplingParams) -> Any:
         """vLLM's SamplingParams for a choice; a refusal is raised as the request's 400."""
-        if params.prompt_logprobs is not None:
-            raise UnsupportedParameter("the prompt's logprobs (`echo` with `logprobs`) are not implemented "
-                                       "on the vLLM engine yet", param="echo")
         try:
             return launched.sampling(request_kwargs(params))
         except launched.invalid_errors as exc:
@@ -171,6 +168,21 @@ class VllmEngine(EngineFront):
         assert self._tokenizer is not None
         return self._tokenizer.token_bytes.token_logprobs if params.logprobs is not None else None
 
+    def _prompt_scorer(self, prompt_ids: list[int], params: SamplingParams) -> PromptScorer | None:
+        """What turns vLLM's prompt positions into the API's prompt logprobs, when asked for: each
+        token with its text and bytes, the first (and any vLLM did not score) without a logprob."""
+        assert self._tokenizer is not None
+        if params.prompt_logprobs is None:
+            return None
+        pieces, top = self._tokenizer.token_bytes, params.prompt_logprobs
+
+        def score(positions: Sequence[Mapping[int, ScoredToken] | None]) -> tuple[TokenLogprobs, ...]:
+            raw = zip(prompt_ids, prompt_raw_scores(prompt_ids, positions, top), strict=True)
+            return tuple(TokenLogprobs(pieces.logprob(token, None)) if scores is None
+                         else pieces.token_logprobs(scores) for token, scores in raw)
+
+        return score
+
     async def _generate(self, launched: VllmLaunch, stream: GenerationStream, prompt_ids: list[int],
                         params: SamplingParams, sampling: Any) -> None:
         """vLLM's outputs for one request as events into its stream, or the error that ended it."""
@@ -181,7 +193,8 @@ class VllmEngine(EngineFront):
             outputs = launched.llm.generate({"prompt_token_ids": prompt_ids}, sampling, request_id)
             async with contextlib.aclosing(outputs):
                 events = token_events(outputs, output, params, launched.eos_token_ids,
-                                      lambda: self._abort_in_vllm(request_id), self._scorer(params))
+                                      lambda: self._abort_in_vllm(request_id), self._scorer(params),
+                                      self._prompt_scorer(prompt_ids, params))
                 async for event in events:
                     self._producing.add(request_id)
                     stream.events.put_nowait(event)
