@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from llmd.engine.grammar import SharedGrammars
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
+from llmd.engine.token_bytes import TokenScores
 from llmd.engine.tool_format import ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
@@ -24,28 +25,13 @@ from llmd.engine.types import (
     Constraint,
     GrammarRequest,
     InfillInput,
-    Logprob,
-    RawScores,
     SamplingParams,
     TemplateOptions,
-    TokenLogprobs,
 )
 from llmd.errors import ContextLengthExceeded, InvalidRequest
 
 T = TypeVar("T")
 GRAMMAR_SECONDS = 10.0  # a schema that takes longer to compile is refused (llguidance: ~1 ms typically)
-
-
-class TokenScores(Protocol):
-    """Token ids' scores as the logprobs API shows them (`TokenBytes`)."""
-
-    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
-        """A position's scores with each token's own text and bytes."""
-        ...
-
-    def logprob(self, token_id: int, value: float | None) -> Logprob:
-        """One token with its text and bytes, and `value` (None: a token nothing scored)."""
-        ...
 
 
 class PromptTokenizer(Protocol):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from llmd.engine.types import LOGPROB_FLOOR, Logprob, RawScores, TokenLogprobs
 
@@ -44,6 +45,26 @@ def uses_byte_level(tokenizer: Any) -> bool:
     decoder = json.loads(backend.to_str()).get("decoder") or {}
     parts = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
     return any(part.get("type") == "ByteLevel" for part in parts if isinstance(part, dict))
+
+
+class TokenScores(Protocol):
+    """Token ids' scores as the logprobs API shows them (`TokenBytes`, or a test's fake)."""
+
+    def token_logprobs(self, scores: RawScores) -> TokenLogprobs:
+        """A position's scores with each token's own text and bytes."""
+        ...
+
+    def logprob(self, token_id: int, value: float | None) -> Logprob:
+        """One token with its text and bytes, and `value` (None: a token nothing scored)."""
+        ...
+
+
+def prompt_logprobs(pieces: TokenScores, prompt_ids: Sequence[int],
+                    scores: Sequence[RawScores | None]) -> tuple[TokenLogprobs, ...]:
+    """A scored prompt's logprobs, one per prompt token (`scores` aligned with `prompt_ids`): each
+    token with its text and bytes, without a logprob where nothing scored it (the first token)."""
+    return tuple(TokenLogprobs(pieces.logprob(token, None)) if raw is None else pieces.token_logprobs(raw)
+                 for token, raw in zip(prompt_ids, scores, strict=True))
 
 
 class TokenBytes:

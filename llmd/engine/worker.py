@@ -23,6 +23,7 @@ from llmd.engine.finish import next_text
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.retry_after import StepPace
 from llmd.engine.scheduler import Scheduler
+from llmd.engine.token_bytes import prompt_logprobs
 from llmd.engine.types import (
     EngineStats,
     Request,
@@ -362,9 +363,7 @@ class EngineWorker:
         if scores is None or len(request.output_ids) != 1:
             return None
         assert self.tokenizer is not None
-        pieces = self.tokenizer.token_bytes
-        first = TokenLogprobs(pieces.logprob(request.prompt_ids[0], None))  # nothing predicts it
-        return first, *(pieces.token_logprobs(position) for position in scores[1:] if position is not None)
+        return prompt_logprobs(self.tokenizer.token_bytes, request.prompt_ids, scores)
 
     def _fail(self, requests: list[Request], exc: Exception, events: list) -> None:
         message = f"generation failed: {type(exc).__name__}: {exc}"

@@ -33,6 +33,7 @@ from llmd.engine.front import EngineFront
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.prompts import PromptTokenizer
 from llmd.engine.stream import GenerationStream
+from llmd.engine.token_bytes import prompt_logprobs
 from llmd.engine.types import EngineStats, SamplingParams, TokenLogprobs
 from llmd.engine.vllm.counters import RequestCounters
 from llmd.engine.vllm.deltas import PromptScorer, ScoredToken, Scorer, prompt_raw_scores, token_events
@@ -169,17 +170,15 @@ class VllmEngine(EngineFront):
         return self._tokenizer.token_bytes.token_logprobs if params.logprobs is not None else None
 
     def _prompt_scorer(self, prompt_ids: list[int], params: SamplingParams) -> PromptScorer | None:
-        """What turns vLLM's prompt positions into the API's prompt logprobs, when asked for: each
-        token with its text and bytes, the first (and any vLLM did not score) without a logprob."""
+        """What turns vLLM's prompt positions into the API's prompt logprobs, when asked for, as the
+        native engine makes them (`prompt_logprobs`)."""
         assert self._tokenizer is not None
         if params.prompt_logprobs is None:
             return None
         pieces, top = self._tokenizer.token_bytes, params.prompt_logprobs
 
         def score(positions: Sequence[Mapping[int, ScoredToken] | None]) -> tuple[TokenLogprobs, ...]:
-            raw = zip(prompt_ids, prompt_raw_scores(prompt_ids, positions, top), strict=True)
-            return tuple(TokenLogprobs(pieces.logprob(token, None)) if scores is None
-                         else pieces.token_logprobs(scores) for token, scores in raw)
+            return prompt_logprobs(pieces, prompt_ids, prompt_raw_scores(prompt_ids, positions, top))
 
         return score
 
