@@ -67,7 +67,7 @@ from llmd.bench.step_split import (
 )
 from llmd.demo.build import ensure_demo_model
 from llmd.engine.model.int8 import Int8Linear
-from llmd.engine.model.onednn import PackedLinear
+from llmd.engine.model.onednn import PackedLinear, PackedPart
 from llmd.engine.types import Request
 
 SIZES, PROFILES, BATCHES = ("small", "medium"), ("cpu", "cpu-bf16"), (1, 8)
@@ -204,10 +204,14 @@ def linear_bytes(model: torch.nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, Int8Linear):
             total += module.qweight.numel() + module.scales.numel() * module.scales.element_size()
-        elif isinstance(module, torch.nn.Linear | PackedLinear):
-            weight = module.packed_weight if isinstance(module, PackedLinear) else module.weight
+        elif isinstance(module, torch.nn.Linear | PackedLinear | PackedPart):
+            weight = module.weight if isinstance(module, torch.nn.Linear) else packed_weight(module)
             total += module.in_features * module.out_features * weight.element_size()
     return total
+
+
+def packed_weight(module: PackedLinear | PackedPart) -> torch.Tensor:
+    return module.packed_weight if isinstance(module, PackedLinear) else module.group.packed_weight
 
 
 def print_top(rows: list[OpRow], steps: int, top: int, config: Config) -> None:

@@ -78,12 +78,10 @@ def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Pa
 def test_a_direct_step_that_disagrees_with_transformers_is_not_used(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def no_rotary(self: layer_walk.DirectDecoder, model: Any) -> None:  # a plausible bug
-        real_init(self, model)
-        self._rope = lambda q, k, cos, sin: (q, k)
+    def no_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return x  # a plausible bug
 
-    real_init = layer_walk.DirectDecoder.__init__
-    monkeypatch.setattr(layer_walk.DirectDecoder, "__init__", no_rotary)
+    monkeypatch.setattr(layer_walk, "rotated", no_rotary)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(tiny_model, load_profile("cpu"))
     assert runner.direct_problem is not None and "logits differ" in runner.direct_problem

@@ -16,7 +16,14 @@ from llmd.config import load_profile
 from llmd.engine.model.checklist import tuning_checklist
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.loader import load_model, tensor_bytes
-from llmd.engine.model.onednn import PackedLinear, pack_linears, unpack_linears
+from llmd.engine.model.onednn import (
+    PACKED,
+    PackedGroup,
+    PackedLinear,
+    PackedPart,
+    pack_linears,
+    unpack_linears,
+)
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
 from llmd.engine.model.threads import ThreadPlan
@@ -42,6 +49,47 @@ def test_a_packed_linear_computes_what_the_linear_does(dtype: torch.dtype, bias:
         torch.testing.assert_close(back(inputs[1]), linear(inputs[1]), rtol=0, atol=0)
 
 
+def siblings(dtype: torch.dtype) -> list[torch.nn.Linear]:
+    torch.manual_seed(1)
+    shapes = ((32, True), (16, False), (24, True))  # widths, and biases on some
+    return [torch.nn.Linear(40, width, bias=bias, dtype=dtype) for width, bias in shapes]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_siblings_packed_as_one_each_compute_what_their_linear_does(dtype: torch.dtype) -> None:
+    linears = siblings(dtype)
+    group = PackedGroup(linears)
+    parts = [PackedPart(group, index) for index in range(3)]
+    x, y = torch.randn(2, 5, 40, dtype=dtype), torch.randn(1, 40, dtype=dtype)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5}
+    with torch.inference_mode():
+        whole = group(x)
+        for index, linear in enumerate(linears):  # in turn on one tensor: the group runs once
+            torch.testing.assert_close(parts[index](x), linear(x), **tolerance)
+            share = whole[..., group.starts[index] : group.starts[index] + linear.out_features]
+            torch.testing.assert_close(share, linear(x), **tolerance)
+        # out of order, again, and interleaved with another input: always the right answer
+        for index, z in [(2, x), (2, x), (0, y), (1, x), (1, y), (0, x), (2, y)]:
+            torch.testing.assert_close(parts[index](z), linears[index](z), **tolerance)
+        for index, linear in enumerate(linears):
+            back = parts[index].unpacked()
+            torch.testing.assert_close(back.weight, linear.weight, rtol=0, atol=0)
+            assert (back.bias is None) == (linear.bias is None)
+            if linear.bias is not None:
+                torch.testing.assert_close(back.bias, linear.bias, rtol=0, atol=0)
+
+
+def test_a_group_keeps_no_tensor_once_every_sibling_has_its_share() -> None:
+    group = PackedGroup(siblings(torch.float32))
+    x = torch.randn(3, 40)
+    with torch.inference_mode():
+        group.share(0, x)
+        group.share(1, x)
+        assert group._input is x
+        group.share(2, x)
+    assert group._input is None and group._output is None
+
+
 def test_tied_and_other_weights_are_left_alone() -> None:
     model = TiedAndHalf()
     report = pack_linears(model)
@@ -58,7 +106,9 @@ def test_the_cpu_profile_loads_packed_and_gives_the_plain_models_logits(tiny_mod
     config = plain.config
     linears = config.num_hidden_layers * 7 + 1  # q k v o, gate up down, and the output head
     assert report.prepack.packed == linears and not report.prepack.skipped
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == linears
+    assert report.prepack.groups == config.num_hidden_layers * 2  # q/k/v and gate/up
+    assert sum(isinstance(m, PACKED) for m in packed.modules()) == linears
+    assert sum(isinstance(m, PackedGroup) for m in packed.modules()) == report.prepack.groups
     assert report.weight_bytes == pytest.approx(plain_report.weight_bytes, rel=0.01)
     assert tensor_bytes(packed) == report.weight_bytes
     ids = torch.arange(3, 40).unsqueeze(0)
@@ -77,7 +127,7 @@ def test_a_model_that_fails_packed_is_served_unpacked(
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         model, report = load_model(tiny_model, CPU)
     assert report.prepack is None
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert not any(isinstance(m, PACKED) for m in model.modules())
     assert "failed its probe (AttributeError" in caplog.text
     check = {c.name: c for c in tuning_checklist(model, CPU, None)}["oneDNN prepacked Linear"]
     assert not check.ok and check.detail == "not packed"

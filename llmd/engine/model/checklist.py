@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from llmd.config import Profile
 from llmd.engine.model.int8 import Int8Linear
 from llmd.engine.model.loader import import_bitsandbytes, misplaced_tensors, target_device
-from llmd.engine.model.onednn import PackedLinear
+from llmd.engine.model.onednn import PACKED
 from llmd.engine.model.sdpa import attention_report
 from llmd.errors import PreflightRefusal
 
@@ -48,7 +48,7 @@ def tuning_checklist(
                             f"{quantized} Linear layers in weight-only int8" if quantized else "none in int8",
                             "load with quantization: int8 (no Linear layer was quantized)"))
     if profile.onednn_linear:
-        packed = sum(isinstance(module, PackedLinear) for module in model.modules())
+        packed = sum(isinstance(module, PACKED) for module in model.modules())
         checks.append(Check("oneDNN prepacked Linear", packed > 0,
                             f"{packed} Linear layers on prepacked weights" if packed else "not packed",
                             "see the onednn_linear warning in the log (a torch without oneDNN, or a "
