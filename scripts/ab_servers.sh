@@ -3,8 +3,13 @@
 # are stopped on exit. Needs TREE, PY (the bench's python) and OUT.
 PIDS=()
 
-wait_ready() {  # URL LOG: until URL answers 2xx (10 minutes at most; a start may compile)
-  for _ in $(seq 1 3000); do curl -sf "$1" > /dev/null && return 0; sleep 0.2; done
+wait_ready() {  # URL LOG [PID]: until URL answers 2xx (10 minutes at most; a start may compile),
+  # or PID (the server) has exited
+  for _ in $(seq 1 3000); do
+    curl -sf "$1" > /dev/null && return 0
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2> /dev/null; then echo "exited: $1 (see $2)" >&2; return 1; fi
+    sleep 0.2
+  done
   echo "not ready: $1 (see $2)" >&2; return 1
 }
 stop() { for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2> /dev/null && wait "$pid"; done; PIDS=(); }

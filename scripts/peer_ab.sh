@@ -13,7 +13,9 @@
 #   scripts/peer_ab.sh GGUF [ROUNDS] [OUTDIR]
 #     GGUF        the model for llama-server, e.g. build/gguf/demo-model-medium-q8_0.gguf
 #     MODEL       llmd's model directory (default ~/.cache/llmd/demo-model-small); PROFILE (cpu-bf16)
-#     LLAMA_SERVER  the binary (default: llama-server on PATH)
+#     LLAMA_SERVER  the binary (default: llama-server on PATH); PEER_ARGS  extra llama-server flags
+#                 (on an AMX CPU, llama.cpp 0c1e570's AMX repack crashes on Q8_0 at the first batch:
+#                 PEER_ARGS=--no-repack)
 #
 # llama-server and the GGUF files come from ../shared/bench/build-llamacpp.sh OUT MODEL_DIR...
 # (about 25 minutes on 2 cores; it writes f32 and bf16), and a Q8_0 file from the same converter:
@@ -35,11 +37,12 @@ export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home"   # the daemon's state (stored res
 (cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
   --port "$LLMD_PORT" > "$OUT/llmd.log" 2>&1) &
 PIDS+=($!)
+# shellcheck disable=SC2086  # PEER_ARGS: extra llama-server flags, word-split on purpose
 "$LLAMA_SERVER" -m "$GGUF" --port "$PEER_PORT" -c 16384 -np 8 -cb -t "$THREADS" -tb "$THREADS" --no-ui \
-  > "$OUT/llama-server.log" 2>&1 &
+  ${PEER_ARGS:-} > "$OUT/llama-server.log" 2>&1 &
 PIDS+=($!)
-wait_ready "http://127.0.0.1:$LLMD_PORT/ready" "$OUT/llmd.log" || exit 1
-wait_ready "http://127.0.0.1:$PEER_PORT/health" "$OUT/llama-server.log" || exit 1
+wait_ready "http://127.0.0.1:$LLMD_PORT/ready" "$OUT/llmd.log" "${PIDS[0]}" || exit 1
+wait_ready "http://127.0.0.1:$PEER_PORT/health" "$OUT/llama-server.log" "${PIDS[1]}" || exit 1
 
 . "$TREE/scripts/ab_rounds.sh"
 ab_rounds "$ROUNDS" llmd peer
