@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from llmd.config import load_profile
 from llmd.engine.model import layer_walk
@@ -54,12 +55,29 @@ def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path:
     runner = ModelRunner(path, load_profile("cpu"))
     assert runner.direct_problem is None
     assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is not None
+    layer = runner.batch.model.model.layers[0]  # the walk calls q/k/v and gate/up as one weight each
+    assert layer_walk.group_of(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+    assert layer_walk.group_of(layer.mlp.gate_proj, layer.mlp.up_proj)
     requests = [Request(f"r{k}", prompt, greedy(100)) for k, prompt in enumerate(PROMPTS)]
     # joins of longer and shorter prompts (padded rows), and a leave in the middle
     tokens = staggered_batch(runner, requests, steps=14, leave={6: "r1"})
     for k, prompt in enumerate(PROMPTS):
         produced = tokens[f"r{k}"]
         assert produced == generate_alone(path, prompt, len(produced)), (kind, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_embedding_is_transformers_own_to_the_bit(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    # [rows, tokens, heads, dim]
+    q, k = torch.randn(2, 5, 6, 16, dtype=dtype), torch.randn(2, 5, 3, 16, dtype=dtype)
+    angles = torch.randn(2, 5, 8)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    expected_q, expected_k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    sign = torch.tensor([-1.0] * 8 + [1.0] * 8, dtype=dtype)
+    signed_sin = (sin * sign).unsqueeze(2)
+    assert torch.equal(layer_walk.rotated(q, cos.unsqueeze(2), signed_sin).transpose(1, 2), expected_q)
+    assert torch.equal(layer_walk.rotated(k, cos.unsqueeze(2), signed_sin).transpose(1, 2), expected_k)
 
 
 def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Path) -> None:
