@@ -130,7 +130,9 @@ class PackedGroup(torch.nn.Module):
         if not self._waiting:
             self._input = self._output = None
         start = self.starts[index]
-        return output[..., start : start + self.widths[index]].contiguous()
+        # A view (transformers splits only its last dimension): copying each share made a fresh
+        # process's 1024-token prefill of the small demo model up to 40 % slower.
+        return output[..., start : start + self.widths[index]]
 
     def unpacked(self, index: int) -> torch.nn.Linear:
         """Sibling `index` as the plain layer it was."""
