@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from llmd.engine.model.int8 import Int8Linear, int8_matmul
-from llmd.engine.model.onednn import PackedGroup, PackedLinear, PackedPart
+from llmd.engine.model.onednn import PackedGroup, PackedLinear, PackedPart, packed_linear
 from llmd.preflight.shape import attention_heads
 
 Op = Callable[[torch.Tensor], torch.Tensor]
@@ -85,7 +85,10 @@ class DirectDecoder:
         self._embed: Op = inner.embed_tokens.forward
         self._rotary: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
         self._rotary = inner.rotary_emb.forward
-        self._rope = sys.modules[type(inner.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        # [-1 .. -1, 1 .. 1] over a head, in the hidden states' dtype (the embedding's), made once
+        embedding = inner.embed_tokens.weight
+        self._sign = torch.ones(self.head_dim, dtype=embedding.dtype, device=embedding.device)
+        self._sign[: self.head_dim // 2] = -1
         self._layers = [_layer(layer) for layer in inner.layers[: config.num_hidden_layers]]
         self._norm: Op = inner.norm.forward
         self._head = linear_op(model.lm_head)
@@ -96,10 +99,11 @@ class DirectDecoder:
     ) -> torch.Tensor:
         """Logits [rows, kept tokens, vocab] for input_ids [rows, tokens] (`keep`: token indices)."""
         hidden = self._embed(input_ids)
-        rotary = self._rotary_tables(*self._rotary(hidden, position_ids))
+        cos, sin = self._rotary(hidden, position_ids)
+        cos, signed_sin = cos.unsqueeze(2), (sin * self._sign).unsqueeze(2)  # for `rotated`
         for index, layer in enumerate(self._layers):
             x = layer.attention_norm(hidden)
-            q, k, v = self._attention_inputs(layer, x, rotary)
+            q, k, v = self._attention_inputs(layer, x, cos, signed_sin)
             hidden = hidden + layer.o(attend(index, q, k, v, layer.scaling))
             x = layer.mlp_norm(hidden)
             if layer.gate_up is None:
@@ -111,7 +115,7 @@ class DirectDecoder:
         hidden = self._norm(hidden)
         return self._head(hidden if keep is None else hidden[:, keep])
 
-    def _attention_inputs(self, layer: _Layer, x: torch.Tensor, rotary: _Rotary
+    def _attention_inputs(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values [rows, heads, tokens, dim] of normed x, rotary applied."""
         rows, tokens = x.shape[:2]
@@ -124,39 +128,14 @@ class DirectDecoder:
             qk, v = layer.qkv(x).split(((heads + kv_heads) * dim, kv_heads * dim), dim=-1)
             qk = qk.view(rows, tokens, heads + kv_heads, dim)
             q, k = qk[:, :, :heads], qk[:, :, heads:]
-        v = v.view(rows, tokens, kv_heads, dim).transpose(1, 2)
-        if layer.q_norm is not None:
-            q = layer.q_norm(q)
-        if layer.k_norm is not None:
-            k = layer.k_norm(k)
-        if layer.qkv is not None and rotary.signed and layer.q_norm is layer.k_norm is None:
-            # still side by side in the projection's output: rotate them as one
-            both = rotated(qk, rotary.cos, rotary.sin)
-            return both[:, :, :heads].transpose(1, 2), both[:, :, heads:].transpose(1, 2), v
-        if rotary.signed:
-            q, k = rotated(q, rotary.cos, rotary.sin), rotated(k, rotary.cos, rotary.sin)
-            return q.transpose(1, 2), k.transpose(1, 2), v
-        q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), rotary.cos, rotary.sin)
-        return q, k, v
-
-    def _rotary_tables(self, cos: torch.Tensor, sin: torch.Tensor) -> _Rotary:
-        """The tables `rotated` takes, or the model's own for its own rotary function when they do
-        not span the head."""
-        if cos.shape[-1] != self.head_dim:
-            return _Rotary(cos, sin, signed=False)
-        sign = torch.ones(self.head_dim, dtype=sin.dtype, device=sin.device)
-        sign[: self.head_dim // 2] = -1
-        return _Rotary(cos.unsqueeze(2), (sin * sign).unsqueeze(2), signed=True)
-
-
-@dataclass(frozen=True, slots=True)
-class _Rotary:
-    """A step's rotary tables: signed, [rows, tokens, 1, dim] cosines and [-sin, sin] for `rotated`;
-    else [rows, tokens, dim] as the model made them, for its own apply_rotary_pos_emb."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    signed: bool
+        if layer.qkv is not None and layer.q_norm is None and layer.k_norm is None:
+            qk = rotated(qk, cos, signed_sin)  # still side by side in the projection's output: as one
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+        else:
+            q = q if layer.q_norm is None else layer.q_norm(q)
+            k = k if layer.k_norm is None else layer.k_norm(k)
+            q, k = rotated(q, cos, signed_sin), rotated(k, cos, signed_sin)
+        return q.transpose(1, 2), k.transpose(1, 2), v.view(rows, tokens, kv_heads, dim).transpose(1, 2)
 
 
 def rotated(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -193,8 +172,8 @@ def unsupported_reason(model: Any) -> str | None:
 def linear_op(module: torch.nn.Module) -> Op:
     """The layer's own computation, called without nn.Module's per-call machinery."""
     if isinstance(module, PackedLinear | PackedGroup):
-        weight, bias, pointwise = module.packed_weight, module.bias, torch.ops.mkldnn._linear_pointwise
-        return lambda x: pointwise(x, weight, bias, "none", [], "")  # strided x is fine
+        weight, bias = module.packed_weight, module.bias
+        return lambda x: packed_linear(x, weight, bias)
     if isinstance(module, Int8Linear):
         qweight, scales, offset = module.qweight, module.scales, module.bias
         return lambda x: int8_matmul(x, qweight, scales, offset)

@@ -241,8 +241,7 @@ def sibling_groups(model: torch.nn.Module, names: list[str]) -> list[tuple[str, 
 
 def unpack_linears(model: torch.nn.Module) -> int:
     """Undo `pack_linears`: plain `nn.Linear` layers again; returns how many."""
-    packed = [(name, module) for name, module in model.named_modules(remove_duplicate=False)
-              if isinstance(module, PACKED)]
+    packed = [(name, module) for name, module in model.named_modules() if isinstance(module, PACKED)]
     for name, module in packed:
         replace_module(model, name, module.unpacked())
     return len(packed)
