@@ -96,6 +96,8 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv_cache: Literal["dynamic", "static"] = "dynamic"
     compile: Literal["none", "default", "reduce-overhead", "max-autotune"] = "none"
     onednn_linear: bool = False
+    # compiled: a lone running request's decode step runs as one compiled graph (lone_step.py).
+    lone_step: Literal["eager", "compiled"] = "eager"
     warmup: bool = True
     max_context: Positive = 4096
     max_running: Positive = 1
@@ -342,6 +344,10 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.onednn_linear and profile.device != "cpu":
         refuse("onednn_linear", "packs weights for the CPU's oneDNN, but `device` is "
                                 f"`{profile.device}`; set it to false")
+    if profile.lone_step == "compiled" and (profile.engine != "native" or profile.device != "cpu"
+                                            or profile.kv_cache != "static" or profile.compile != "none"):
+        refuse("lone_step", "compiled is the native CPU batch's eager one-row step: it needs device: cpu, "
+                            "kv_cache: static and compile: none (`compile` covers CUDA's steps)")
     if profile.onednn_linear and profile.compile != "none":
         refuse("onednn_linear", "and `compile` both rewrite the Linear layers; keep one of them")
     if profile.engine == "native" and profile.parallel != Parallel():

@@ -11,8 +11,10 @@ Each round times --steps steps of each, alternating; the figures are medians per
 
 Measured on the 2-core EPYC (bfloat16, one row, 256 columns), per step: small: packed eager
 3.8-4.2 ms, compiled 4.0-4.1, plain eager 4.7-4.9 (compile 13 s); medium: packed eager 9.5-12.4,
-compiled 12.3-13.0, plain eager 15.4-17.4 (compile 26 s). Compiling buys nothing over packed
-weights here, so llmd's CPU profiles keep the eager walk. On a 2-core Intel host with AMX, with
+compiled 12.3-13.0, plain eager 15.4-17.4 (compile 26 s). Compiling the plain weights (inductor
+packs its own copy) buys little over packed eager; compiling the packed walk itself, its weights
+frozen as they are, is what `lone_step: compiled` does (lone_step.py), measured in the runner.
+On a 2-core Intel host with AMX, with
 the walk's grouped q/k/v and gate/up weights and --cpp-wrapper: small packed eager 3.55-3.58 ms,
 compiled 2.84-2.89 (-19 %, compile 16 s); medium 13.6-13.8 against 13.2-13.4 (-3 %): compiling
 pays only where dispatch, not weight bandwidth, bounds the step.

@@ -198,6 +198,10 @@ class EngineWorker:
             log.info("decode steps: the model's layers called directly, not through transformers' forward")
         else:
             log.info("decode steps: transformers' forward (%s)", runner.direct_problem)
+        if runner.lone_problem is None:
+            log.info("a lone stream's decode steps: one compiled graph")
+        elif self.profile.lone_step == "compiled":
+            log.info("a lone stream's decode steps: eager (%s)", runner.lone_problem)
         log.info("attention: %s", attention_summary(runner.model, self.profile))
 
     def _warm_up(self) -> None:

@@ -21,6 +21,7 @@ else keeps transformers' forward. A prefill on its own stays with transformers."
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -169,11 +170,22 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+def import_inductor() -> None:
+    """Import the compiler now, quietly: in torch 2.13 its imports trip torch.jit's own deprecation."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
 def linear_op(module: torch.nn.Module) -> Op:
-    """The layer's own computation, called without nn.Module's per-call machinery."""
+    """The layer's own computation, called without nn.Module's per-call machinery.
+
+    A packed weight is handed over as a Parameter, as transformers' own weights are: compiled
+    with freezing (lone_step), that makes it one of the graph's constants (oneDNN's linear needs
+    its weight constant there), the same tensor, not a copy."""
     if isinstance(module, PackedLinear | PackedGroup):
-        weight, bias = module.packed_weight, module.bias
-        return lambda x: packed_linear(x, weight, bias)
+        packed, bias = torch.nn.Parameter(module.packed_weight, requires_grad=False), module.bias
+        return lambda x: packed_linear(x, packed, bias)
     if isinstance(module, Int8Linear):
         qweight, scales, offset = module.qweight, module.scales, module.bias
         return lambda x: int8_matmul(x, qweight, scales, offset)

@@ -20,6 +20,7 @@ from llmd.engine.model import int8, layer_walk
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.int8 import QuantizeReport
+from llmd.engine.model.lone_step import LoneStep
 from llmd.engine.model.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.engine.model.request_cache import new_cache
 from llmd.engine.model.static_batch import StaticDecodeBatch
@@ -31,6 +32,7 @@ log = logging.getLogger("llmd.engine")
 # The int8 model's probe logits may differ from the loaded model's by this share of their
 # largest magnitude. Measured on the demo models (bfloat16, per-channel int8): 1.1-1.9 %.
 INT8_TOLERANCE = 0.05
+NOT_ASKED = "the profile's lone_step is eager"
 NOT_FUSABLE = "it needs kv_cache: static, compile: none and SDPA attention"
 
 
@@ -48,18 +50,21 @@ class ProbeHost(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FastPaths:
-    """What passed: the batch that takes fused steps (None: none does), and why decode steps
-    run through transformers' forward (None: through the direct layer walk)."""
+    """What passed: the batch that takes fused steps (None: none does), why decode steps run
+    through transformers' forward (None: through the direct layer walk), and why a lone stream's
+    step is not compiled (None: it is, `lone_step: compiled`)."""
 
     fused_batch: StaticDecodeBatch | None
     direct_problem: str | None
+    lone_problem: str | None
 
 
-def logits_differ(expected: torch.Tensor, got: torch.Tensor) -> str | None:
-    """None when the probe's logits agree to rounding, else how far apart they are."""
+def logits_differ(expected: torch.Tensor, got: torch.Tensor, tolerance: float = 1e-3) -> str | None:
+    """None when the probe's logits agree to rounding (`tolerance` of their largest magnitude),
+    else how far apart they are."""
     worst = float((expected - got).abs().max())
     scale = float(expected.abs().max()) or 1.0
-    return None if worst <= 1e-3 * scale + 1e-5 else f"logits differ by up to {worst:.3g} of {scale:.3g}"
+    return None if worst <= tolerance * scale + 1e-5 else f"logits differ by up to {worst:.3g} of {scale:.3g}"
 
 
 def prepack_linears(model: PreTrainedModel) -> PackReport | None:
@@ -128,16 +133,22 @@ def prove_fast_paths(
     """
     eager_static = profile.compile == "none" and model.config._attn_implementation == "sdpa"
     if not (isinstance(batch, StaticDecodeBatch) and eager_static):
-        return FastPaths(None, NOT_FUSABLE)
+        return FastPaths(None, NOT_FUSABLE, NOT_ASKED if profile.lone_step == "eager" else NOT_FUSABLE)
     direct_problem = probe_direct(host, batch, model)
     if direct_problem is not None and layer_walk.unsupported_reason(model) is None:
         log.warning("decode steps run through transformers' forward: the direct step "
                     "failed its probe (%s)", direct_problem)
+    lone_problem: str | None = NOT_ASKED
+    if profile.lone_step == "compiled":
+        lone_problem = direct_problem or probe_lone(host, batch, model)
+        if lone_problem is not None:
+            log.warning("a lone stream's decode step runs eager: the compiled step failed its "
+                        "probe (%s)", lone_problem)
     problem = probe_fused(host, batch, model, torch.device(profile.device))
     if problem is not None:
         log.warning("decode and prefill run as separate passes: the fused step failed its "
                     "probe (%s)", problem)
-    return FastPaths(batch if problem is None else None, direct_problem)
+    return FastPaths(batch if problem is None else None, direct_problem, lone_problem)
 
 
 def probe_fused(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
@@ -191,6 +202,36 @@ def probe_direct(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedMod
     if problem is None:
         batch.direct = decoder
     return problem
+
+
+def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel) -> str | None:
+    """Compile the lone stream's step (`LoneStep`) and keep it if it gives the eager direct walk's
+    logits over three window lengths, the last two without recompiling; else why not.
+
+    Compiled code keeps a layer's intermediate values in float32 where eager rounds each op's
+    result to the model's dtype, so the two may differ by a rounding step of that dtype: the
+    tolerance is two epsilons of it (bfloat16: 1.6 % of the largest logit; measured on the small
+    demo model 0.4 %), and never under `logits_differ`'s own."""
+    assert batch.direct is not None
+    tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
+    lone = LoneStep(batch.direct)
+    vocab = int(model.config.vocab_size)
+    probe = Request("probe-lone", [(7 + 5 * i) % vocab for i in range(5)], SamplingParams(max_tokens=4))
+    try:
+        token, position = host.first_token(probe), len(probe.prompt_ids)
+        for _ in range(3):  # the first compiles
+            expected, got = batch.compare_lone(lone, token, position)
+            problem = lone.retired or logits_differ(expected.float(), got.float(), tolerance)
+            if problem is not None:
+                return problem
+            token, position = int(expected.argmax()), position + 1
+    except Exception as exc:  # a model or torch build inductor cannot compile
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        host.release(probe.request_id)
+    batch.lone = lone
+    log.info("a lone stream's decode step: compiled and proven in %.1f s", lone.compile_seconds or 0.0)
+    return None
 
 
 def compare_direct(batch: StaticDecodeBatch, decoder: layer_walk.DirectDecoder,

@@ -21,13 +21,14 @@ Eager, `step_with_prefill` also takes newcomers' prompt chunks into the same for
 fused step): all tokens go through the model as one packed sequence and `fused_attention` keeps
 attention per request. An eager step, decode-only or fused, of a model that `DirectDecoder` can
 run (Llama-family layers, checked by the runner at load) goes through it instead of transformers'
-forward, with its attention from `Window.attend` or `FusedLayout.attend` (attention.py).
+forward, with its attention from `Window.attend` or `FusedLayout.attend` (attention.py); a
+decode-only step of one running request goes through the compiled `LoneStep` (lone_step.py)
+instead when the profile asks for it and it passed its probe.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,8 @@ from llmd.engine.model.attention import (
     Window,
     attention_implementation,
 )
-from llmd.engine.model.layer_walk import DirectDecoder
+from llmd.engine.model.layer_walk import DirectDecoder, import_inductor
+from llmd.engine.model.lone_step import LoneStep
 from llmd.preflight.shape import attention_heads
 
 
@@ -87,8 +89,10 @@ class StaticDecodeBatch:
         # Eager decode steps without transformers' module machinery, once the runner has
         # checked that it agrees with transformers' forward on this model (`compare_direct`).
         self.direct: DirectDecoder | None = None
+        # A lone running request's eager step as one compiled graph, once proven (`probe_lone`).
+        self.lone: LoneStep | None = None
         if compile_mode != "none":
-            _import_inductor()
+            import_inductor()
             self._step = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
 
     @property
@@ -282,12 +286,22 @@ class StaticDecodeBatch:
         (decided from the lengths, on the host). The layers' own column is not kept up to date
         here: `_open_window` sets it whenever transformers' forward runs on the batch.
         """
-        padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
-        mask = self.mask[:rows, None, None, start : self.column + 1] if padded else None
-        window = Window(self.layers, self.column, rows, start, mask)
-        logits = direct.forward(self.input_ids[:rows], self.position_ids[:rows], window.attend)
+        logits = self._run_lone(start) if rows == 1 and self.lone is not None else None
+        if logits is None:
+            padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
+            mask = self.mask[:rows, None, None, start : self.column + 1] if padded else None
+            window = Window(self.layers, self.column, rows, start, mask)
+            logits = direct.forward(self.input_ids[:rows], self.position_ids[:rows], window.attend)
         self.column += 1
         return logits
+
+    def _run_lone(self, start: int) -> torch.Tensor | None:
+        """Slot 0's step through the compiled `LoneStep` over columns [start, column]; None: not run."""
+        assert self.lone is not None
+        end = self.column + 1
+        keys = [layer.keys[:1, :, start:end] for layer in self.layers]
+        values = [layer.values[:1, :, start:end] for layer in self.layers]
+        return self.lone.run(keys, values, self.input_ids[:1], self.position_ids[:1])
 
     @torch.inference_mode()
     def compare_direct(
@@ -295,16 +309,37 @@ class StaticDecodeBatch:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step at the same column through transformers' forward, then through `direct`:
         both sets of logits. Both write the same keys and values; the batch ends one step on."""
-        column, lengths, saved = self.column, list(self.lengths), self.direct
+        saved = self.direct, self.lone
         try:
-            self.direct = None
-            expected = self.step(tokens, positions)
-            self._set_column(column)
-            self.lengths = lengths
+            self.direct = self.lone = None
+            expected = self._step_again(tokens, positions)
             self.direct = direct
             return expected, self.step(tokens, positions)
         finally:
-            self.direct = saved
+            self.direct, self.lone = saved
+
+    @torch.inference_mode()
+    def compare_lone(self, lone: LoneStep, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the lone running request through the eager direct walk, then through `lone`:
+        both logits. The batch ends one step on."""
+        assert self.direct is not None and self.owners[0] is not None and len(self.request_ids) == 1
+        saved = self.lone
+        try:
+            self.lone = None
+            expected = self._step_again([token], [position])
+            self.lone = lone
+            return expected, self.step([token], [position])
+        finally:
+            self.lone = saved
+
+    def _step_again(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """`step`'s logits, with the column and lengths put back as they were: the next step
+        writes the same column again."""
+        column, lengths = self.column, list(self.lengths)
+        logits = self.step(tokens, positions)
+        self._set_column(column)
+        self.lengths = lengths
+        return logits
 
     def _open_window(self, rows: int, start: int) -> None:
         """Point transformers' cache layers at views of rows [0, rows), columns [start, column]."""
@@ -349,13 +384,6 @@ class StaticDecodeBatch:
         self.column = column
         for layer in self.layers:
             layer.column.fill_(column)
-
-
-def _import_inductor() -> None:
-    """Import the compiler now, quietly: in torch 2.13 its imports trip torch.jit's own deprecation."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import torch._inductor.compile_fx  # noqa: F401
 
 
 def _move_columns(tensor: torch.Tensor, dim: int, source: int, target: int, width: int) -> None:

@@ -1,0 +1,132 @@
+"""The compiled lone decode step: proven at load, the eager walk's logits, never a recompile after."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmd.config import ConfigError, load_profile
+from llmd.engine.model.lone_step import LoneStep
+from llmd.engine.model.runner import ModelRunner
+from llmd.engine.model.static_batch import StaticDecodeBatch
+from llmd.engine.types import Request
+from tests.helpers.engine import greedy, record_logits, staggered_batch, static_profile, unique_graphs
+from tests.model.test_static_cache import prompts_of
+
+# A 48-token cache: the column reaches capacity while the first request is alone again, so a
+# lone window also starts after a compaction; b1 joins at step 1 and leaves at 9.
+WORDS = [1, 3, 2]
+LEAVE = {9: "b1", 12: "b2"}
+
+
+@pytest.fixture(scope="module")
+def lone_runner(tiny_model: Path) -> Iterator[ModelRunner]:
+    runner = ModelRunner(tiny_model, static_profile(lone_step="compiled", max_running=4, max_context=48))
+    yield runner
+    torch._dynamo.reset()
+
+
+def batch_of(runner: ModelRunner) -> StaticDecodeBatch:
+    assert isinstance(runner.batch, StaticDecodeBatch)
+    return runner.batch
+
+
+def lone_traffic(runner: ModelRunner, prompts: list[list[int]]) -> dict[str, list[int]]:
+    """b0 alone, then beside b1 (and b2 for a while), then alone again past a compaction."""
+    requests = [Request(f"b{k}", prompt, greedy(100 + k)) for k, prompt in enumerate(prompts)]
+    tokens = staggered_batch(runner, requests, steps=30, leave=LEAVE)
+    runner.release("b0")
+    return tokens
+
+
+def test_a_lone_stream_decodes_as_the_eager_walk_does_and_never_recompiles(
+    tiny_model: Path, lone_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = batch_of(lone_runner)
+    lone = batch.lone
+    assert lone_runner.lone_problem is None and lone is not None and batch.direct is not None
+    assert lone.compile_seconds is not None and lone.compile_seconds > 0
+    compiled_steps = []
+    real_run = lone.run
+
+    def counting_run(*args: list[torch.Tensor] | torch.Tensor) -> torch.Tensor | None:
+        logits = real_run(*args)  # type: ignore[arg-type]
+        compiled_steps.append(logits is not None)
+        return logits
+
+    monkeypatch.setattr(lone, "run", counting_run)
+    seen = record_logits(monkeypatch)
+    prompts = prompts_of(tiny_model, WORDS)
+    graphs, compactions = unique_graphs(), batch.compactions
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = lone_traffic(lone_runner, prompts)
+    assert unique_graphs() == graphs and lone.retired is None
+    assert batch.compactions > compactions  # a lone window after the columns moved
+    # b0's steps alone went through the graph: before b1 joined and after the others left
+    assert sum(compiled_steps) >= 15 and all(compiled_steps)
+    compiled_logits = {k: list(v) for k, v in seen.items()}
+
+    eager = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48))
+    assert eager.lone_problem is not None and batch_of(eager).lone is None
+    seen.clear()
+    assert lone_traffic(eager, prompts) == compiled
+    for k in range(len(prompts)):
+        torch.testing.assert_close(torch.stack(compiled_logits[100 + k]), torch.stack(seen[100 + k]),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_a_recompile_after_load_retires_the_graph_and_the_step_runs_eager(
+    lone_runner: ModelRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    batch = batch_of(lone_runner)
+    lone = batch.lone
+    assert lone is not None and lone.retired is None
+    layers = batch.layers
+    # float64 windows: a guard fails, and a recompile after load is refused
+    keys = [layer.keys[:1, :, :4].double() for layer in layers]
+    values = [layer.values[:1, :, :4].double() for layer in layers]
+    with caplog.at_level(logging.WARNING, "llmd.engine"), torch.inference_mode():
+        assert lone.run(keys, values, batch.input_ids[:1], batch.position_ids[:1]) is None
+        assert lone.run(keys, values, batch.input_ids[:1], batch.position_ids[:1]) is None  # stays retired
+    assert lone.retired is not None and "retired, eager from now on" in caplog.text
+    request = Request("after", [5, 6, 7, 8], greedy(4))
+    lone_runner.first_token(request)
+    assert len(lone_runner.decode([request])) == 1
+    lone_runner.release("after")
+
+
+def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_step = LoneStep._step
+
+    def wrong(self: LoneStep, *inputs: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+        return real_step(self, *inputs).flip(-1)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LoneStep, "_step", wrong)
+    with caplog.at_level(logging.WARNING, "llmd.engine"):
+        runner = ModelRunner(tiny_model, static_profile(lone_step="compiled", max_running=2, max_context=48))
+    assert runner.lone_problem is not None and runner.lone_problem.startswith("logits differ by up to")
+    assert batch_of(runner).lone is None and batch_of(runner).direct is not None
+    assert "the compiled step failed its probe" in caplog.text
+    request = Request("eager", [5, 6, 7, 8], greedy(3))
+    runner.first_token(request)
+    assert len(runner.decode([request])) == 1
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"device": "cuda"}, "needs device: cpu"),
+    ({"kv_cache": "dynamic"}, "kv_cache: static"),
+    ({"kv_cache": "static", "compile": "default", "onednn_linear": "false"}, "compile: none"),
+])
+def test_profiles_the_lone_step_cannot_serve_are_refused(
+    tmp_path: Path, changes: dict[str, str], message: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("lone_step: compiled\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
+    with pytest.raises(ConfigError, match=message):
+        load_profile(str(path))
