@@ -175,7 +175,8 @@ class EngineWorker:
             self._set_phase(phase)
             started = time.perf_counter()
             self._warm_up()
-            self.warmup_seconds = time.perf_counter() - started
+            # the lone step compiled while loading, with the probes: warm-up too
+            self.warmup_seconds = time.perf_counter() - started + self.runner.fast_paths.lone_seconds
             log.info("warm-up done in %.2f s", self.warmup_seconds)
 
     def _log_load(self, runner: ModelRunner) -> None:
@@ -198,10 +199,12 @@ class EngineWorker:
             log.info("decode steps: the model's layers called directly, not through transformers' forward")
         else:
             log.info("decode steps: transformers' forward (%s)", runner.direct_problem)
-        if runner.lone_problem is None:
-            log.info("a lone stream's decode steps: one compiled graph")
+        fast = runner.fast_paths
+        if fast.lone_problem is None:
+            log.info("a lone stream's decode steps: one compiled graph (compiled and proven in %.1f s)",
+                     fast.lone_seconds)
         elif self.profile.lone_step == "compiled":
-            log.info("a lone stream's decode steps: eager (%s)", runner.lone_problem)
+            log.info("a lone stream's decode steps: eager (%s)", fast.lone_problem)
         log.info("attention: %s", attention_summary(runner.model, self.profile))
 
     def _warm_up(self) -> None:

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 from llmd.config import ConfigError, load_profile
+from llmd.engine.client import EngineClient
 from llmd.engine.model.lone_step import LoneStep
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
-from tests.helpers.engine import greedy, record_logits, staggered_batch, static_profile, unique_graphs
+from llmd.engine.worker import EngineWorker
+from tests.helpers.engine import (
+    greedy,
+    record_logits,
+    staggered_batch,
+    static_profile,
+    text_of,
+    unique_graphs,
+)
 from tests.model.test_static_cache import prompts_of
 
 # A 48-token cache: the column reaches capacity while the first request is alone again, so a
@@ -48,8 +59,9 @@ def test_a_lone_stream_decodes_as_the_eager_walk_does_and_never_recompiles(
 ) -> None:
     batch = batch_of(lone_runner)
     lone = batch.lone
-    assert lone_runner.lone_problem is None and lone is not None and batch.direct is not None
+    assert lone_runner.fast_paths.lone_problem is None and lone is not None and batch.direct is not None
     assert lone.compile_seconds is not None and lone.compile_seconds > 0
+    assert lone_runner.fast_paths.lone_seconds == lone.compile_seconds
     compiled_steps = []
     real_run = lone.run
 
@@ -71,7 +83,7 @@ def test_a_lone_stream_decodes_as_the_eager_walk_does_and_never_recompiles(
     compiled_logits = {k: list(v) for k, v in seen.items()}
 
     eager = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48))
-    assert eager.lone_problem is not None and batch_of(eager).lone is None
+    assert eager.fast_paths.lone_problem is not None and batch_of(eager).lone is None
     seen.clear()
     assert lone_traffic(eager, prompts) == compiled
     for k in range(len(prompts)):
@@ -110,7 +122,8 @@ def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
     monkeypatch.setattr(LoneStep, "_step", wrong)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(tiny_model, static_profile(lone_step="compiled", max_running=2, max_context=48))
-    assert runner.lone_problem is not None and runner.lone_problem.startswith("logits differ by up to")
+    problem = runner.fast_paths.lone_problem
+    assert problem is not None and problem.startswith("logits differ by up to")
     assert batch_of(runner).lone is None and batch_of(runner).direct is not None
     assert "the compiled step failed its probe" in caplog.text
     request = Request("eager", [5, 6, 7, 8], greedy(3))
@@ -130,3 +143,27 @@ def test_profiles_the_lone_step_cannot_serve_are_refused(
     path.write_text("lone_step: compiled\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
     with pytest.raises(ConfigError, match=message):
         load_profile(str(path))
+
+
+def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_as_warm_up(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = msgspec.structs.replace(load_profile("cpu"), lone_step="compiled")
+
+    async def main() -> tuple[float, float, str]:
+        worker = EngineWorker(tiny_model, config)
+        engine = EngineClient(worker, max_context=512)
+        await engine.start()
+        await asyncio.wait_for(engine.ready.wait(), 900)  # compiling on two busy cores takes a while
+        try:
+            assert worker.runner is not None
+            seconds = worker.runner.fast_paths.lone_seconds
+            text, _ = await text_of(engine, greedy(8))
+            return seconds, worker.warmup_seconds, text
+        finally:
+            await engine.shutdown()
+
+    with caplog.at_level(logging.INFO, "llmd.engine"):
+        lone_seconds, warmup_seconds, text = asyncio.run(main())
+    assert 0 < lone_seconds <= warmup_seconds and text
+    assert "a lone stream's decode steps: one compiled graph (compiled and proven in" in caplog.text

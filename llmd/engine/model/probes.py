@@ -57,6 +57,7 @@ class FastPaths:
     fused_batch: StaticDecodeBatch | None
     direct_problem: str | None
     lone_problem: str | None
+    lone_seconds: float = 0.0  # what compiling and proving the lone step took
 
 
 def logits_differ(expected: torch.Tensor, got: torch.Tensor, tolerance: float = 1e-3) -> str | None:
@@ -148,7 +149,8 @@ def prove_fast_paths(
     if problem is not None:
         log.warning("decode and prefill run as separate passes: the fused step failed its "
                     "probe (%s)", problem)
-    return FastPaths(batch if problem is None else None, direct_problem, lone_problem)
+    lone_seconds = (batch.lone.compile_seconds or 0.0) if batch.lone is not None else 0.0
+    return FastPaths(batch if problem is None else None, direct_problem, lone_problem, lone_seconds)
 
 
 def probe_fused(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
@@ -230,7 +232,6 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     finally:
         host.release(probe.request_id)
     batch.lone = lone
-    log.info("a lone stream's decode step: compiled and proven in %.1f s", lone.compile_seconds or 0.0)
     return None
 
 

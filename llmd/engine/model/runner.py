@@ -54,7 +54,7 @@ class ModelRunner(AbandonedPrefills):
         fast = prove_fast_paths(self, self._batch, self.model, profile)
         # Why decode steps run through transformers' forward; None: through DirectDecoder.
         self.direct_problem = fast.direct_problem
-        self.lone_problem = fast.lone_problem  # why a lone stream's step is not compiled; None: it is
+        self.fast_paths = fast  # what proved itself at load, and why the rest did not
         self._fused = fast.fused_batch  # decode and prefill in one forward pass (`step`)
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
 
