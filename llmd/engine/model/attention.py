@@ -54,7 +54,7 @@ def decode_attention(
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
     if query.shape[2] != 1 or groups == 1 or not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    return _decode_rows(query, key, value, attention_mask, scaling).unsqueeze(1), None
+    return decode_rows(query, key, value, attention_mask, scaling).unsqueeze(1), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +105,10 @@ class Window:
         tensors.values[:rows, :, column] = value[:, :, 0]
         keys = tensors.keys[:rows, :, self.start : column + 1]
         values = tensors.values[:rows, :, self.start : column + 1]
-        return _decode_rows(query, keys, values, self.mask, scaling).reshape(rows, 1, -1)
+        return decode_rows(query, keys, values, self.mask, scaling).reshape(rows, 1, -1)
 
 
-def _decode_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+def decode_rows(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  mask: torch.Tensor | None, scaling: float | None) -> torch.Tensor:
     """One query token per row ([rows, heads, 1, dim]) over each row's keys, grouped-query heads
     packed as their key/value head's queries: [rows, heads, dim]."""
@@ -146,7 +146,7 @@ class FusedLayout:
         keys = tensors.keys[:rows, :, self.start : column + 1]
         values = tensors.values[:rows, :, self.start : column + 1]
         rows_query = query[0, :, :rows].transpose(0, 1).unsqueeze(2)  # [rows, heads, 1, dim]
-        outputs = [_decode_rows(rows_query, keys, values, self.mask, scaling)]
+        outputs = [decode_rows(rows_query, keys, values, self.mask, scaling)]
         for segment in self.segments:
             span = slice(segment.offset, segment.offset + segment.length)
             cached: Any = segment.cache.layers[layer]
