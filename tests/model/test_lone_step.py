@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from llmd.config import ConfigError, load_profile
 from llmd.engine.client import EngineClient
-from llmd.engine.model.lone_step import LoneStep
+from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
@@ -92,13 +93,15 @@ def test_a_lone_stream_decodes_as_the_eager_walk_does_and_never_recompiles(
 
 
 def test_a_recompile_after_load_retires_the_graph_and_the_step_runs_eager(
-    lone_runner: ModelRunner, caplog: pytest.LogCaptureFixture
+    lone_runner: ModelRunner, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batch = batch_of(lone_runner)
     lone = batch.lone
     assert lone is not None and lone.retired is None
+    monkeypatch.setattr(lone, "retired", None)  # back in service for the module's other tests
     layers = batch.layers
-    # float64 windows: a guard fails, and a recompile after load is refused
+    # float64 windows: a guard fails (the tensors' are evaluated even unguarded), and a
+    # recompile after load is refused
     keys = [layer.keys[:1, :, :4].double() for layer in layers]
     values = [layer.values[:1, :, :4].double() for layer in layers]
     with caplog.at_level(logging.WARNING, "llmd.engine"), torch.inference_mode():
@@ -109,6 +112,43 @@ def test_a_recompile_after_load_retires_the_graph_and_the_step_runs_eager(
     lone_runner.first_token(request)
     assert len(lone_runner.decode([request])) == 1
     lone_runner.release("after")
+
+
+def test_its_guards_pass_at_every_window_it_takes_and_it_runs_unguarded(lone_runner: ModelRunner) -> None:
+    batch = batch_of(lone_runner)
+    lone = batch.lone
+    assert lone is not None and lone.unguarded
+    graphs = unique_graphs()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert batch.check_lone(lone, range(MIN_WINDOW, batch.capacity)) is None
+        # a window of the whole row is contiguous: the guards refuse it, so `run` leaves it eager
+        assert batch.check_lone(lone, [batch.capacity]) is not None
+    assert unique_graphs() == graphs and lone.retired is None
+    assert not lone.takes(MIN_WINDOW - 1) and not lone.takes(batch.capacity)
+
+
+def test_a_lone_stream_that_fills_its_row_keeps_the_graph(
+    lone_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = batch_of(lone_runner)
+    lone = batch.lone
+    assert lone is not None and lone.retired is None and not batch.request_ids
+    windows = []
+    real_run = lone.run
+
+    def watching_run(keys: list[torch.Tensor], *rest: Any) -> torch.Tensor | None:
+        windows.append(keys[0].shape[2])
+        return real_run(keys, *rest)
+
+    monkeypatch.setattr(lone, "run", watching_run)
+    request = Request("long", [5, 6, 7, 8], greedy(60))
+    lone_runner.first_token(request)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        # alone from an empty batch: its window grows by a column a step, to the whole row
+        for _ in range(batch.capacity - len(request.prompt_ids)):
+            lone_runner.decode([request])
+    lone_runner.release(request.request_id)
+    assert batch.capacity in windows and lone.retired is None
 
 
 def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(

@@ -20,7 +20,7 @@ from llmd.engine.model import int8, layer_walk
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.int8 import QuantizeReport
-from llmd.engine.model.lone_step import LoneStep
+from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
 from llmd.engine.model.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.engine.model.request_cache import new_cache
 from llmd.engine.model.static_batch import StaticDecodeBatch
@@ -208,7 +208,8 @@ def probe_direct(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedMod
 
 def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel) -> str | None:
     """Compile the lone stream's step (`LoneStep`) and keep it if it gives the eager direct walk's
-    logits over three window lengths, the last two without recompiling; else why not.
+    logits over three window lengths, the last two without recompiling, and its guards pass at
+    the shortest and the longest window it takes; else why not. Kept, it runs unguarded.
 
     Compiled code keeps a layer's intermediate values in float32 where eager rounds each op's
     result to the model's dtype, so the two may differ by a rounding step of that dtype: the
@@ -216,7 +217,7 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     demo model 0.4 %), and never under `logits_differ`'s own."""
     assert batch.direct is not None
     tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
-    lone = LoneStep(batch.direct)
+    lone = LoneStep(batch.direct, batch.capacity)
     vocab = int(model.config.vocab_size)
     probe = Request("probe-lone", [(7 + 5 * i) % vocab for i in range(5)], SamplingParams(max_tokens=4))
     try:
@@ -231,6 +232,10 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
         return f"{type(exc).__name__}: {exc}"
     finally:
         host.release(probe.request_id)
+    problem = batch.check_lone(lone, (MIN_WINDOW, batch.capacity - 1))
+    if problem is not None:
+        return problem
+    lone.unguarded = True
     batch.lone = lone
     return None
 

@@ -29,7 +29,7 @@ instead when the profile asks for it and it passed its probe.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -302,6 +302,25 @@ class StaticDecodeBatch:
         keys = [layer.keys[:1, :, start:end] for layer in self.layers]
         values = [layer.values[:1, :, start:end] for layer in self.layers]
         return self.lone.run(keys, values, self.input_ids[:1], self.position_ids[:1])
+
+    @torch.inference_mode()
+    def check_lone(self, lone: LoneStep, windows: Iterable[int]) -> str | None:
+        """Run `lone` with its guards evaluated over slot 0's first `window` columns, for each of
+        `windows`: None when every one passes, else why not. Scratch work: the column each run
+        writes is put back, and the inputs are token 0 at position 0."""
+        self.input_ids[:1].zero_()
+        self.position_ids[:1].zero_()
+        for window in windows:
+            keys = [layer.keys[:1, :, :window] for layer in self.layers]
+            values = [layer.values[:1, :, :window] for layer in self.layers]
+            saved = [(k[:, :, -1].clone(), v[:, :, -1].clone()) for k, v in zip(keys, values, strict=True)]
+            problem = lone.check(keys, values, self.input_ids[:1], self.position_ids[:1])
+            for (key, value), k, v in zip(saved, keys, values, strict=True):
+                k[:, :, -1].copy_(key)
+                v[:, :, -1].copy_(value)
+            if problem is not None:
+                return f"a window of {window} columns: {problem}"
+        return None
 
     @torch.inference_mode()
     def compare_direct(
