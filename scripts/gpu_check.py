@@ -120,7 +120,8 @@ def measure(model_dir: Path, profile: Profile) -> dict[str, Any]:
     rate = decode_rate(runner)
     peak = (torch.cuda.max_memory_allocated() - before) if torch.cuda.is_available() else 0
     result = {"load_s": runner.load_report.seconds, "weights": weights, "after_setup": after_setup,
-              "peak": peak, "warmup_s": warmup, "tok_s": rate, "direct": runner.direct_problem or "used"}
+              "peak": peak, "warmup_s": warmup, "tok_s": rate,
+              "direct": runner.fast_paths.direct_problem or "used"}
     batch = runner.batch
     if isinstance(batch, StaticDecodeBatch) and batch.direct is not None:
         decoder, batch.direct = batch.direct, None  # the same steps through transformers' forward

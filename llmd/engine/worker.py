@@ -195,11 +195,11 @@ class EngineWorker:
             log.info("linear layers: %s", report.prepack.summary())
         if runner.fused:
             log.info("steps: a newcomer's prompt chunk shares the forward pass of the decoding streams")
-        if runner.direct_problem is None:
+        fast = runner.fast_paths
+        if fast.direct_problem is None:
             log.info("decode steps: the model's layers called directly, not through transformers' forward")
         else:
-            log.info("decode steps: transformers' forward (%s)", runner.direct_problem)
-        fast = runner.fast_paths
+            log.info("decode steps: transformers' forward (%s)", fast.direct_problem)
         if fast.lone_problem is None:
             log.info("a lone stream's decode steps: one compiled graph (compiled and proven in %.1f s)",
                      fast.lone_seconds)

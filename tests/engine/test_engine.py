@@ -332,7 +332,7 @@ def test_fused_steps_equal_each_request_alone(
     """Decode rows and prompt chunks in one pass: joins, split prompts, a reused prefix, a leave."""
     seen = record_logits(monkeypatch)
     runner = ModelRunner(tiny_model, load_profile("cpu"))
-    assert runner.fused and (runner.direct_problem is None)
+    assert runner.fused and (runner.fast_paths.direct_problem is None)
     if not direct:  # what a model the direct step does not take runs
         monkeypatch.setattr(runner.batch, "direct", None)
     passes = count_forward_passes(runner, monkeypatch)

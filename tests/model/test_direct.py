@@ -53,7 +53,7 @@ def generate_alone(path: Path, prompt: list[int], count: int) -> list[int]:
 def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path: Path, kind: str) -> None:
     path = saved_model(tmp_path, kind, **LAYOUTS[kind])
     runner = ModelRunner(path, load_profile("cpu"))
-    assert runner.direct_problem is None
+    assert runner.fast_paths.direct_problem is None
     assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is not None
     layer = runner.batch.model.model.layers[0]  # the walk calls q/k/v and gate/up as one weight each
     assert layer_walk.group_of(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
@@ -87,7 +87,7 @@ def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Pa
     with pytest.raises(ValueError, match="gemma"):
         layer_walk.DirectDecoder(model)
     runner = ModelRunner(path, load_profile("cpu"))
-    assert runner.direct_problem is not None and "gemma" in runner.direct_problem
+    assert runner.fast_paths.direct_problem is not None and "gemma" in runner.fast_paths.direct_problem
     request = Request("r", PROMPTS[1], greedy(8))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(7)]
     assert ours == generate_alone(path, PROMPTS[1], 8)
@@ -102,7 +102,8 @@ def test_a_direct_step_that_disagrees_with_transformers_is_not_used(
     monkeypatch.setattr(layer_walk, "rotated", no_rotary)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
         runner = ModelRunner(tiny_model, load_profile("cpu"))
-    assert runner.direct_problem is not None and "logits differ" in runner.direct_problem
+    problem = runner.fast_paths.direct_problem
+    assert problem is not None and "logits differ" in problem
     assert "the direct step failed its probe" in caplog.text
     assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is None
     assert runner.active_sequences == 0  # the probe's requests are gone

@@ -117,7 +117,7 @@ def test_the_int8_profile_serves_close_to_bfloat16_in_half_the_linear_bytes(tiny
 
 def test_the_runner_decodes_on_int8_layers_through_the_direct_walk(tiny_model: Path) -> None:
     runner = ModelRunner(tiny_model, INT8)
-    assert runner.direct_problem is None  # the layer walk calls the int8 layers
+    assert runner.fast_paths.direct_problem is None  # the layer walk calls the int8 layers
     request = Request("r", list(range(5, 30)), SamplingParams(max_tokens=6))
     tokens = [runner.first_token(request)]
     for _ in range(5):

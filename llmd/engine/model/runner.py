@@ -52,8 +52,6 @@ class ModelRunner(AbandonedPrefills):
         self._prefilling: dict[str, DynamicCache] = {}
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
         fast = prove_fast_paths(self, self._batch, self.model, profile)
-        # Why decode steps run through transformers' forward; None: through DirectDecoder.
-        self.direct_problem = fast.direct_problem
         self.fast_paths = fast  # what proved itself at load, and why the rest did not
         self._fused = fast.fused_batch  # decode and prefill in one forward pass (`step`)
         self.prefix_cache = PrefixCache(profile.prefix_cache_tokens, profile.prefix_min_match)
