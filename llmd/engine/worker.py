@@ -201,9 +201,11 @@ class EngineWorker:
         else:
             log.info("decode steps: transformers' forward (%s)", fast.direct_problem)
         if fast.lone_problem is None:
-            log.info("a lone stream's decode steps: one compiled graph (compiled and proven in %.1f s)",
-                     fast.lone_seconds)
-        elif self.profile.lone_step == "compiled":
+            tuned = ("" if fast.lone_templated is None else
+                     f", {fast.lone_templated} matmuls on inductor's GEMM template, the rest oneDNN")
+            log.info("a lone stream's decode steps: one compiled graph (lone_step: %s, compiled and "
+                     "proven in %.1f s%s)", self.profile.lone_step, fast.lone_seconds, tuned)
+        elif self.profile.lone_step != "eager":
             log.info("a lone stream's decode steps: eager (%s)", fast.lone_problem)
         log.info("attention: %s", attention_summary(runner.model, self.profile))
 

@@ -147,18 +147,19 @@ def nf4_bits(profile: Profile) -> float:
 
 def weight_bytes(shape: ModelShape, profile: Profile) -> int:
     """All weights in the compute dtype; with nf4 the decoder's linear weights at `nf4_bits`; with
-    int8 those and the output head at a byte each (`int8_params`), plus a scale per output row."""
+    int8 those and the output head at a byte each (`matmul_params`), plus a scale per output row."""
     dtype_bytes = DTYPE_BYTES[profile.dtype]
     if profile.quantization == "none":
         return shape.params * dtype_bytes
     if profile.quantization == "int8":
-        return int8_params(shape) + (int8_rows(shape) + int8_kept_params(shape)) * dtype_bytes
+        return matmul_params(shape) + (int8_rows(shape) + int8_kept_params(shape)) * dtype_bytes
     unquantized = shape.params - shape.linear_params
     return math.ceil(shape.linear_params * nf4_bits(profile) / 8) + unquantized * dtype_bytes
 
 
-def int8_params(shape: ModelShape) -> int:
-    """Weights int8 holds: the decoder's linear layers and the output head (a tied one copied)."""
+def matmul_params(shape: ModelShape) -> int:
+    """The decode step's matmul weights: the decoder's linear layers and the output head (a tied
+    one counted again: int8 and the GEMM template each hold it as their own copy)."""
     head = shape.embedding_params if shape.tie_word_embeddings else shape.lm_head_params
     return shape.linear_params + head
 
@@ -174,6 +175,18 @@ def int8_rows(shape: ModelShape) -> int:
     attention = (shape.heads + 2 * shape.kv_heads) * shape.head_dim + shape.hidden_size
     per_layer = attention + 2 * shape.intermediate_size + shape.hidden_size
     return shape.layers * per_layer + shape.vocab_size
+
+
+def lone_step_copy_bytes(shape: ModelShape, profile: Profile) -> int:
+    """`lone_step: max-autotune`: inductor's GEMM template packs its own copy of each matmul's
+    weight where it outruns oneDNN; planned as if it won everywhere: the decoder's linear layers
+    and the output head (a tied one too), as the weights line holds them (int8: a byte each and
+    the scales). 0 for every other profile."""
+    if profile.lone_step != "max-autotune":
+        return 0
+    if profile.quantization == "int8":
+        return matmul_params(shape) + int8_rows(shape) * DTYPE_BYTES[profile.dtype]
+    return matmul_params(shape) * DTYPE_BYTES[profile.dtype]
 
 
 def load_peak_bytes(shape: ModelShape, profile: Profile) -> int:
@@ -233,6 +246,10 @@ def plan_items(shape: ModelShape, profile: Profile, counts_cuda_context: bool) -
              _logits_item(shape, profile)]
     if profile.device == "cuda":
         items += _cuda_items(shape, profile, counts_cuda_context)
+    if profile.lone_step == "max-autotune":
+        items.append(PlanItem("lone step weights", lone_step_copy_bytes(shape, profile),
+                              f"max-autotune: a GEMM template copy of {count_text(matmul_params(shape))} "
+                              "linear params, at most"))
     items.append(PlanItem("headroom", profile.headroom_bytes, f"memory_headroom {profile.memory_headroom}"))
     return tuple(items)
 
@@ -242,7 +259,7 @@ def _weights_item(shape: ModelShape, profile: Profile) -> PlanItem:
         note = f"{profile.dtype}, {count_text(shape.params)} params"
     elif profile.quantization == "int8":
         copy = " (the tied head as its own copy)" if shape.tie_word_embeddings else ""
-        note = (f"int8 + a {profile.dtype} scale per row for {count_text(int8_params(shape))} linear "
+        note = (f"int8 + a {profile.dtype} scale per row for {count_text(matmul_params(shape))} linear "
                 f"params{copy}, {profile.dtype} for {count_text(int8_kept_params(shape))}")
     else:
         quantized = "nf4 + double quant" if profile.double_quant else "nf4"

@@ -14,6 +14,7 @@ import torch
 
 from llmd.config import ConfigError, load_profile
 from llmd.engine.client import EngineClient
+from llmd.engine.model import lone_step
 from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
@@ -151,6 +152,34 @@ def test_a_lone_stream_that_fills_its_row_keeps_the_graph(
     assert batch.capacity in windows and lone.retired is None
 
 
+def test_max_autotune_compiles_gemm_template_matmuls_that_decode_as_the_eager_walk_does(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Which kernel autotuning picks depends on this host's timings: the test leaves the template
+    # the only choice, so that it knows what it checks; the graph cache is off so that the
+    # kernels are generated (and counted) here.
+    monkeypatch.setattr(lone_step, "AUTOTUNE", {**lone_step.AUTOTUNE, "max_autotune_gemm_backends": "CPP"})
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        runner = ModelRunner(tiny_model, static_profile(lone_step="max-autotune", max_running=2,
+                                                        max_context=48))
+    lone = batch_of(runner).lone
+    assert runner.fast_paths.lone_problem is None and lone is not None and lone.autotune
+    assert lone.templated == 2 * 4 + 1  # per layer: q/k/v, o, gate/up and down as one kernel each; the head
+    seen = record_logits(monkeypatch)
+    request = Request("tuned", [5, 6, 7, 8], greedy(200))
+    tokens = [runner.first_token(request)]
+    tokens += [runner.decode([request])[0] for _ in range(30)]
+    runner.release("tuned")
+    tuned_logits = list(seen[200])
+
+    eager = ModelRunner(tiny_model, static_profile(max_running=2, max_context=48))
+    seen.clear()
+    request = Request("eager", [5, 6, 7, 8], greedy(200))
+    assert [eager.first_token(request)] + [eager.decode([request])[0] for _ in range(30)] == tokens
+    torch.testing.assert_close(torch.stack(tuned_logits), torch.stack(seen[200]), rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+
+
 def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -185,6 +214,16 @@ def test_profiles_the_lone_step_cannot_serve_are_refused(
         load_profile(str(path))
 
 
+def test_max_autotune_refuses_nf4_layers_it_has_no_kernels_to_choose_for(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("lone_step: max-autotune\nkv_cache: static\nquantization: nf4\n")
+    with pytest.raises(ConfigError, match="nf4 layers have none: use compiled"):
+        load_profile(str(path))
+    path.write_text("lone_step: max-autotune\nkv_cache: dynamic\n")
+    with pytest.raises(ConfigError, match="max-autotune is the native CPU batch's eager one-row step"):
+        load_profile(str(path))
+
+
 def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_as_warm_up(
     tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -206,4 +245,5 @@ def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_a
     with caplog.at_level(logging.INFO, "llmd.engine"):
         lone_seconds, warmup_seconds, text = asyncio.run(main())
     assert 0 < lone_seconds <= warmup_seconds and text
-    assert "a lone stream's decode steps: one compiled graph (compiled and proven in" in caplog.text
+    assert ("a lone stream's decode steps: one compiled graph (lone_step: compiled, compiled and proven in"
+            in caplog.text)

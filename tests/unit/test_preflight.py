@@ -79,6 +79,22 @@ def test_kv_cache_lines_reserve_the_running_set_and_the_prefix_cache() -> None:
     assert "cuda graph pool" not in {item.name for item in memory_plan(LLAMA, NF4, plan.budget).items}
 
 
+def test_max_autotune_plans_a_second_copy_of_every_matmul_weight() -> None:
+    budget = MemoryBudget(bytes=1024 * GiB, source="test", counts_cuda_context=False)
+    for name, weight_bytes in (("cpu-bf16", 2), ("cpu", 4)):
+        plain = memory_plan(LLAMA, load_profile(name), budget)
+        tuned = memory_plan(LLAMA, replace(load_profile(name), lone_step="max-autotune"), budget)
+        lines = {item.name: item.bytes for item in tuned.items}
+        # the decoder's linear layers and the untied head, in the weights' dtype
+        assert lines["lone step weights"] == (LLAMA.linear_params + LLAMA.lm_head_params) * weight_bytes
+        assert tuned.needed - plain.needed == lines["lone step weights"]
+        assert "lone step weights" not in {item.name for item in plain.items}
+    int8 = {item.name: item.bytes for item in
+            memory_plan(LLAMA, replace(load_profile("cpu-int8"), lone_step="max-autotune"), budget).items}
+    rows = LLAMA.layers * (4096 + 1024 + 1024 + 4096 + 2 * 14336 + 4096) + 128256  # a bf16 scale each
+    assert int8["lone step weights"] == LLAMA.linear_params + LLAMA.lm_head_params + 2 * rows
+
+
 def test_measured_free_memory_already_excludes_the_cuda_context() -> None:
     plan = memory_plan(LLAMA, BF16, MemoryBudget(24 * GiB, "measured free now"))
     assert "cuda context" not in {item.name for item in plan.items}

@@ -52,12 +52,13 @@ class ProbeHost(Protocol):
 class FastPaths:
     """What passed: the batch that takes fused steps (None: none does), why decode steps run
     through transformers' forward (None: through the direct layer walk), and why a lone stream's
-    step is not compiled (None: it is, `lone_step: compiled`)."""
+    step is not compiled (None: it is, `lone_step: compiled` or `max-autotune`)."""
 
     fused_batch: StaticDecodeBatch | None
     direct_problem: str | None
     lone_problem: str | None
     lone_seconds: float = 0.0  # what compiling and proving the lone step took
+    lone_templated: int | None = None  # max-autotune: its matmuls on inductor's GEMM template
 
 
 def logits_differ(expected: torch.Tensor, got: torch.Tensor, tolerance: float = 1e-3) -> str | None:
@@ -140,8 +141,8 @@ def prove_fast_paths(
         log.warning("decode steps run through transformers' forward: the direct step "
                     "failed its probe (%s)", direct_problem)
     lone_problem: str | None = NOT_ASKED
-    if profile.lone_step == "compiled":
-        lone_problem = direct_problem or probe_lone(host, batch, model)
+    if profile.lone_step != "eager":
+        lone_problem = direct_problem or probe_lone(host, batch, model, profile.lone_step == "max-autotune")
         if lone_problem is not None:
             log.warning("a lone stream's decode step runs eager: the compiled step failed its "
                         "probe (%s)", lone_problem)
@@ -149,8 +150,10 @@ def prove_fast_paths(
     if problem is not None:
         log.warning("decode and prefill run as separate passes: the fused step failed its "
                     "probe (%s)", problem)
-    lone_seconds = (batch.lone.compile_seconds or 0.0) if batch.lone is not None else 0.0
-    return FastPaths(batch if problem is None else None, direct_problem, lone_problem, lone_seconds)
+    lone = batch.lone
+    return FastPaths(batch if problem is None else None, direct_problem, lone_problem,
+                     (lone.compile_seconds or 0.0) if lone is not None else 0.0,
+                     lone.templated if lone is not None else None)
 
 
 def probe_fused(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
@@ -206,7 +209,8 @@ def probe_direct(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedMod
     return problem
 
 
-def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel) -> str | None:
+def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
+               autotune: bool = False) -> str | None:
     """Compile the lone stream's step (`LoneStep`) and keep it if it gives the eager direct walk's
     logits over three window lengths, the last two without recompiling, and its guards pass at
     the shortest and the longest window it takes; else why not. Kept, it runs unguarded.
@@ -217,7 +221,7 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     demo model 0.4 %), and never under `logits_differ`'s own."""
     assert batch.direct is not None
     tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
-    lone = LoneStep(batch.direct, batch.capacity)
+    lone = LoneStep(batch.direct, batch.capacity, autotune)
     vocab = int(model.config.vocab_size)
     probe = Request("probe-lone", [(7 + 5 * i) % vocab for i in range(5)], SamplingParams(max_tokens=4))
     try:
