@@ -180,6 +180,25 @@ def test_max_autotune_compiles_gemm_template_matmuls_that_decode_as_the_eager_wa
     torch._dynamo.reset()
 
 
+def test_max_autotune_takes_int8_layers_onto_the_gemm_template_too(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an int8 layer's weight and scales reach the graph as constants, which the template needs
+    monkeypatch.setattr(lone_step, "AUTOTUNE", {**lone_step.AUTOTUNE, "max_autotune_gemm_backends": "CPP"})
+    profile = msgspec.structs.replace(load_profile("cpu-int8"), lone_step="max-autotune", max_running=2,
+                                      max_context=48)
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        runner = ModelRunner(tiny_model, profile)
+    lone = batch_of(runner).lone
+    assert runner.fast_paths.lone_problem is None and lone is not None
+    assert lone.templated == 2 * 7 + 1  # int8 layers are not grouped: q, k, v, o, gate, up, down; the head
+    request = Request("int8", [5, 6, 7, 8], greedy(8))
+    runner.first_token(request)
+    assert all(len(runner.decode([request])) == 1 for _ in range(6))
+    runner.release("int8")
+    torch._dynamo.reset()
+
+
 def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -20,6 +20,7 @@ else keeps transformers' forward. A prefill on its own stays with transformers."
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from collections.abc import Callable
@@ -182,12 +183,14 @@ def linear_op(module: torch.nn.Module) -> Op:
 
     A packed weight is handed over as a Parameter, as transformers' own weights are: compiled
     with freezing (lone_step), that makes it one of the graph's constants (oneDNN's linear needs
-    its weight constant there), the same tensor, not a copy."""
+    its weight constant there), the same tensor, not a copy. So are an int8 layer's weight and
+    scales: inductor's GEMM template (`lone_step: max-autotune`) takes only constant weights."""
     if isinstance(module, PackedLinear | PackedGroup):
         packed, bias = torch.nn.Parameter(module.packed_weight, requires_grad=False), module.bias
         return lambda x: packed_linear(x, packed, bias)
     if isinstance(module, Int8Linear):
-        qweight, scales, offset = module.qweight, module.scales, module.bias
+        constant = functools.partial(torch.nn.Parameter, requires_grad=False)
+        qweight, scales, offset = constant(module.qweight), constant(module.scales), module.bias
         return lambda x: int8_matmul(x, qweight, scales, offset)
     if type(module) is torch.nn.Linear:
         weight, bias = module.weight, module.bias
