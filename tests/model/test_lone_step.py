@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,13 @@ import msgspec
 import pytest
 import torch
 
-from llmd.config import ConfigError, load_profile
+from llmd.config import ConfigError, Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model import lone_step
+from llmd.engine.model.int8 import Int8Linear
 from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
+from llmd.engine.model.onednn import replace_module
+from llmd.engine.model.probes import float32_logits, further_than_eager
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
@@ -199,8 +203,43 @@ def test_max_autotune_takes_int8_layers_onto_the_gemm_template_too(
     torch._dynamo.reset()
 
 
+def test_the_float32_reference_is_the_int8_model_evaluated_in_float32(tiny_model: Path) -> None:
+    runner = ModelRunner(tiny_model, load_profile("cpu-int8"))
+    float32 = copy.deepcopy(runner.model)
+    for name, module in list(float32.named_modules()):
+        if isinstance(module, Int8Linear):
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            linear.weight.data = module.qweight.float() * module.scales.float().unsqueeze(1)
+            replace_module(float32, name, linear)
+    float32.float()
+    tokens = [5, 6, 7, 8, 9, 10]
+    with torch.inference_mode():
+        expected = float32(input_ids=torch.tensor([tokens])).logits[0, -1]
+    got = float32_logits(runner.model, tokens)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    with torch.inference_mode():  # not what the model gives in its own dtype, which rounds
+        assert not torch.equal(runner.model(input_ids=torch.tensor([tokens])).logits[0, -1].float(), got)
+
+
+def test_a_compiled_step_no_further_from_float32_than_eager_is_kept() -> None:
+    exact = torch.tensor([8.0, -2.0, 1.0])
+    eager, compiled = exact + torch.tensor([0.2, 0.0, 0.0]), exact + torch.tensor([0.0, -0.1, 0.0])
+    assert further_than_eager(exact, eager, compiled, tolerance=0.001) is None  # 1.25 % vs 2.5 %
+    assert further_than_eager(exact, compiled, eager, tolerance=0.001) == (
+        "logits 2.50% from float32's, the eager step's 1.25%")
+    assert further_than_eager(exact, exact, compiled, tolerance=0.016) is None  # within the tolerance
+
+
+@pytest.mark.parametrize(("profile", "message"), [
+    (static_profile(lone_step="compiled", max_running=2, max_context=48), "logits differ by up to"),
+    # with int8 layers the refused step is measured against float32, and is further from it
+    (msgspec.structs.replace(load_profile("cpu-int8"), lone_step="compiled", max_running=2, max_context=48),
+     "logits "),
+])
 def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
-    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, profile: Profile,
+    message: str
 ) -> None:
     real_step = LoneStep._step
 
@@ -209,9 +248,11 @@ def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
 
     monkeypatch.setattr(LoneStep, "_step", wrong)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
-        runner = ModelRunner(tiny_model, static_profile(lone_step="compiled", max_running=2, max_context=48))
+        runner = ModelRunner(tiny_model, profile)
     problem = runner.fast_paths.lone_problem
-    assert problem is not None and problem.startswith("logits differ by up to")
+    assert problem is not None and problem.startswith(message)
+    if profile.quantization == "int8":
+        assert "from float32's, the eager step's" in problem
     assert batch_of(runner).lone is None and batch_of(runner).direct is not None
     assert "the compiled step failed its probe" in caplog.text
     request = Request("eager", [5, 6, 7, 8], greedy(3))

@@ -34,6 +34,10 @@ QMAX = 127
 # Measured on a 2688x768 weight, 2 threads, microseconds (kernel / converted): 8 rows 160 / 273,
 # 16 rows 328 / 328, 32 rows 554 / 410, 64 rows 1294 / 595, 256 rows 5208 / 1705.
 DEQUANTIZE_ABOVE_ROWS = 16
+# Input wider than the scales (a float32 reference pass over int8 layers) multiplies the weight
+# converted to that dtype in slices of at most this many elements (64 MiB of float32), so that
+# even a large vocabulary's head costs no more memory than one slice.
+REFERENCE_ELEMENTS = 1 << 24
 
 
 class Int8Linear(torch.nn.Module):
@@ -81,7 +85,11 @@ def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """x [..., in] times the int8 weight [out, in] at its scales, plus the bias: [..., out]."""
     out_features, in_features = qweight.shape
     rows = x.reshape(-1, in_features)
-    if rows.shape[0] > DEQUANTIZE_ABOVE_ROWS:
+    if rows.dtype != scales.dtype:  # a float32 pass (the probes' reference): the weight a slice at a time
+        parts = [torch.nn.functional.linear(rows, part.to(rows.dtype))
+                 for part in qweight.split(max(1, REFERENCE_ELEMENTS // in_features))]
+        y = torch.cat(parts, dim=-1) * scales.to(rows.dtype)
+    elif rows.shape[0] > DEQUANTIZE_ABOVE_ROWS:
         y = torch.nn.functional.linear(rows, qweight.to(rows.dtype)) * scales
     else:
         y = torch._weight_int8pack_mm(rows.contiguous(), qweight, scales)

@@ -218,20 +218,30 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     Compiled code keeps a layer's intermediate values in float32 where eager rounds each op's
     result to the model's dtype, so the two may differ by a rounding step of that dtype: the
     tolerance is two epsilons of it (bfloat16: 1.6 % of the largest logit; measured on the small
-    demo model 0.4 %), and never under `logits_differ`'s own."""
+    demo model 0.4 %), and never under `logits_differ`'s own. With int8 layers the eager step is
+    no yardstick: its bfloat16 roundings of int8 products drift further (medium demo model: 2.4 %
+    from the same weights in float32 where the compiled step was 1.1 %, and 3.5 % apart). There a
+    step the tolerance refuses is measured against the same model evaluated in float32
+    (`float32_logits`), and kept when it is no further from that than the eager step, or within
+    the tolerance of it."""
     assert batch.direct is not None
     tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
     lone = LoneStep(batch.direct, batch.capacity, autotune)
     vocab = int(model.config.vocab_size)
     probe = Request("probe-lone", [(7 + 5 * i) % vocab for i in range(5)], SamplingParams(max_tokens=4))
+    int8_layers = any(isinstance(module, int8.Int8Linear) for module in model.modules())
     try:
         token, position = host.first_token(probe), len(probe.prompt_ids)
+        sequence = [*probe.prompt_ids, token]
         for _ in range(3):  # the first compiles
             expected, got = batch.compare_lone(lone, token, position)
             problem = lone.retired or logits_differ(expected.float(), got.float(), tolerance)
+            if problem is not None and lone.retired is None and int8_layers:
+                problem = further_than_eager(float32_logits(model, sequence), expected, got, tolerance)
             if problem is not None:
                 return problem
             token, position = int(expected.argmax()), position + 1
+            sequence.append(token)
     except Exception as exc:  # a model or torch build inductor cannot compile
         return f"{type(exc).__name__}: {exc}"
     finally:
@@ -242,6 +252,28 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     lone.unguarded = True
     batch.lone = lone
     return None
+
+
+def float32_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
+    """The last position's logits of `tokens` through transformers' forward with float32 activations:
+    the model's own weights, int8 layers multiplying in float32 a slice at a time (int8_matmul),
+    no cache and no float32 copy of the model."""
+    ids = torch.tensor([tokens], device=model.device)
+    with torch.inference_mode():
+        embeds = model.get_input_embeddings()(ids).float()
+        return model(inputs_embeds=embeds, use_cache=False).logits[0, -1].float()
+
+
+def further_than_eager(exact: torch.Tensor, eager: torch.Tensor, compiled: torch.Tensor,
+                       tolerance: float) -> str | None:
+    """None when the compiled step's logits are no further from `exact` than the eager step's, or
+    within `tolerance` of its largest magnitude; else both distances."""
+    scale = float(exact.abs().max()) or 1.0
+    ours, theirs = (float((side.float().flatten() - exact.flatten()).abs().max()) / scale
+                    for side in (compiled, eager))
+    if ours <= max(theirs, tolerance):
+        return None
+    return f"logits {ours:.2%} from float32's, the eager step's {theirs:.2%}"
 
 
 def compare_direct(batch: StaticDecodeBatch, decoder: layer_walk.DirectDecoder,
