@@ -118,6 +118,7 @@ def test_the_int8_profile_serves_close_to_bfloat16_in_half_the_linear_bytes(tiny
 def test_the_runner_decodes_on_int8_layers_through_the_direct_walk(tiny_model: Path) -> None:
     runner = ModelRunner(tiny_model, INT8)
     assert runner.fast_paths.direct_problem is None  # the layer walk calls the int8 layers
+    assert runner.fast_paths.lone_problem is None  # and the shipped max-autotune lone step is proven
     request = Request("r", list(range(5, 30)), SamplingParams(max_tokens=6))
     tokens = [runner.first_token(request)]
     for _ in range(5):
@@ -163,8 +164,9 @@ def test_contradicting_int8_profiles_are_refused(
 
 def test_the_plan_counts_loadings_bfloat16_peak_when_it_is_the_larger(tiny_model: Path) -> None:
     shape = read_model_shape(tiny_model)
-    lean = replace(INT8, max_running=1, max_context=64, prefix_cache_tokens=0, max_step_tokens=32,
-                   lone_prefill_tokens=32, memory_headroom="0")
+    # no lone step weights either: they would outweigh the peak
+    lean = replace(INT8, lone_step="eager", max_running=1, max_context=64, prefix_cache_tokens=0,
+                   max_step_tokens=32, lone_prefill_tokens=32, memory_headroom="0")
     plan = memory_plan(shape, lean, MemoryBudget(1 << 40, "test"))
     served = sum(item.bytes for item in plan.items)
     assert plan.load_peak == shape.params * 2 > served  # the bfloat16 weights, before quantizing
