@@ -202,7 +202,8 @@ class EngineWorker:
             log.info("decode steps: transformers' forward (%s)", fast.direct_problem)
         if fast.lone_problem is None:
             tuned = ("" if fast.lone_templated is None else
-                     f", {fast.lone_templated} matmuls on inductor's GEMM template, the rest torch's")
+                     f", {fast.lone_templated} matmuls on inductor's GEMM template, "
+                     "the rest on torch's kernels")
             log.info("a lone stream's decode steps: one compiled graph (lone_step: %s, compiled and "
                      "proven in %.1f s%s)", self.profile.lone_step, fast.lone_seconds, tuned)
         elif self.profile.lone_step != "eager":

@@ -30,3 +30,6 @@ def test_a_quantized_profile_serves_a_request(tiny_model: Path, tmp_path: Path, 
         log = daemon.log()
         assert "Linear layers in int8" in log and "int8: probe logits within" in log
         assert "loading peak" in log  # the plan logged before loading counts the bfloat16 peak
+        # the shipped lone step, compiled with max-autotune and proven, its template copy planned
+        assert "(lone_step: max-autotune, compiled and proven in" in log
+        assert "matmuls on inductor's GEMM template" in log and "lone step weights" in log
