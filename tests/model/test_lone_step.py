@@ -16,10 +16,11 @@ import torch
 from llmd.config import ConfigError, Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model import lone_step
+from llmd.engine.model.checklist import lone_step_check
 from llmd.engine.model.int8 import Int8Linear
 from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
 from llmd.engine.model.onednn import replace_module
-from llmd.engine.model.probes import float32_logits, further_than_eager
+from llmd.engine.model.probes import FastPaths, float32_logits, further_than_eager
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
@@ -272,6 +273,19 @@ def test_profiles_the_lone_step_cannot_serve_are_refused(
     path.write_text("lone_step: compiled\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
     with pytest.raises(ConfigError, match=message):
         load_profile(str(path))
+
+
+def test_llmd_check_says_whether_the_compiled_lone_step_it_asked_for_was_proven() -> None:
+    tuned = msgspec.structs.replace(load_profile("cpu-int8"), lone_step="max-autotune")
+    assert lone_step_check(load_profile("cpu"), FastPaths(None, None, "not asked")) is None  # eager
+    proven = lone_step_check(tuned, FastPaths(None, None, None, 21.5, 85))
+    assert proven is not None and proven.ok
+    assert proven.detail == ("one graph (max-autotune), compiled and proven in 21.5 s, "
+                             "85 matmuls on the GEMM template")
+    refused = lone_step_check(tuned, FastPaths(None, None, "logits differ by up to 0.3 of 8.1"))
+    assert refused is not None and not refused.ok
+    assert refused.detail == "runs eager: logits differ by up to 0.3 of 8.1"
+    assert "lone_step: eager" in refused.fix
 
 
 def test_max_autotune_refuses_nf4_layers_it_has_no_kernels_to_choose_for(tmp_path: Path) -> None:

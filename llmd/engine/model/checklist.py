@@ -15,6 +15,7 @@ from llmd.config import Profile
 from llmd.engine.model.int8 import Int8Linear
 from llmd.engine.model.loader import import_bitsandbytes, misplaced_tensors, target_device
 from llmd.engine.model.onednn import PACKED
+from llmd.engine.model.probes import FastPaths
 from llmd.engine.model.sdpa import attention_report
 from llmd.errors import PreflightRefusal
 
@@ -54,6 +55,20 @@ def tuning_checklist(
                             "see the onednn_linear warning in the log (a torch without oneDNN, or a "
                             "model whose packed forward differed)"))
     return checks
+
+
+def lone_step_check(profile: Profile, fast: FastPaths) -> Check | None:
+    """Whether the lone stream's step the profile asks for (`lone_step` other than eager) was
+    compiled and proven at load; None when it asks for none."""
+    if profile.lone_step == "eager":
+        return None
+    if fast.lone_problem is not None:
+        return Check("compiled lone step", False, f"runs eager: {fast.lone_problem}",
+                     "a lone stream decodes eager, slower, after paying the compile at every start: "
+                     "set lone_step: eager, or report the probe's figures above")
+    tuned = "" if fast.lone_templated is None else f", {fast.lone_templated} matmuls on the GEMM template"
+    return Check("compiled lone step", True,
+                 f"one graph ({profile.lone_step}), compiled and proven in {fast.lone_seconds:.1f} s{tuned}")
 
 
 def _placement_checks(model: PreTrainedModel, device: torch.device) -> list[Check]:
