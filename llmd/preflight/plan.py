@@ -178,12 +178,10 @@ def int8_rows(shape: ModelShape) -> int:
 
 
 def lone_step_copy_bytes(shape: ModelShape, profile: Profile) -> int:
-    """`lone_step: max-autotune`: inductor's GEMM template packs its own copy of each matmul's
-    weight where it outruns oneDNN; planned as if it won everywhere: the decoder's linear layers
-    and the output head (a tied one too), as the weights line holds them (int8: a byte each and
-    the scales). 0 for every other profile."""
-    if profile.lone_step != "max-autotune":
-        return 0
+    """The `lone step weights` line of `lone_step: max-autotune`: inductor's GEMM template packs
+    its own copy of each matmul's weight where it outruns torch's kernel; planned as if it won
+    everywhere: the decoder's linear layers and the output head (a tied one too), as the weights
+    line holds them (int8: a byte each and the scales)."""
     if profile.quantization == "int8":
         return matmul_params(shape) + int8_rows(shape) * DTYPE_BYTES[profile.dtype]
     return matmul_params(shape) * DTYPE_BYTES[profile.dtype]

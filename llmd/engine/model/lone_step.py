@@ -46,11 +46,12 @@ log = logging.getLogger("llmd.engine")
 # Window lengths below this run eager: dynamo specialises sizes 0 and 1.
 MIN_WINDOW = 2
 
-# `lone_step: max-autotune`: each matmul of the graph is timed at load in two kernels, oneDNN's
-# (what eager runs, on the same packed weight) and inductor's C++ GEMM template (its micro-kernel
-# over its own copy of the weight, blocked for one row), and the faster one is compiled in. At one
-# row the template reads the weights at close to the memory's bandwidth where oneDNN reaches a
-# third of it: on the 2-core EPYC, small demo model bfloat16, 5.4 -> 2.8 ms a step in-process.
+# `lone_step: max-autotune`: each matmul of the graph is timed at load in two kernels, torch's own
+# (what eager runs: oneDNN's on the same packed weight, or the int8 one) and inductor's C++ GEMM
+# template (its micro-kernel over its own copy of the weight, blocked for one row), and the faster
+# one is compiled in. At one row the template reads the weights at close to the memory's bandwidth
+# where oneDNN reaches a third of it: on the 2-core EPYC, small demo model bfloat16, 5.4 -> 2.8 ms
+# a step in-process.
 # Where the template wins, its copy is a second copy of that weight (the preflight plans for
 # every one). Timing the kernels costs start-up: small model bfloat16 35 s against 21 s for the
 # plain compiled step, 56 s with no timings in inductor's on-disk cache; medium int8 112 s cold.
