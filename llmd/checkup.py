@@ -37,7 +37,7 @@ class Checkup:
 
 def run_checkup(model_dir: str | Path, profile: Profile) -> Checkup:
     """Load, prefill one chat prompt, measure its KV cache, and run the checklist."""
-    from llmd.engine.model.checklist import lone_step_check, tuning_checklist
+    from llmd.engine.model.checklist import batch_step_check, lone_step_check, tuning_checklist
     from llmd.engine.model.runner import ModelRunner
     from llmd.engine.model.sdpa import sdpa_preference
     from llmd.engine.tokenizer import ChatTokenizer
@@ -52,8 +52,8 @@ def run_checkup(model_dir: str | Path, profile: Profile) -> Checkup:
     per_token = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
     kv_sample = layers[0][0] if layers else None
     checks = tuning_checklist(runner.model, profile, kv_sample)
-    lone = lone_step_check(profile, runner.fast_paths)
-    checks += [lone] if lone is not None else []
+    compiled = (lone_step_check(profile, runner.fast_paths), batch_step_check(profile, runner.fast_paths))
+    checks += [check for check in compiled if check is not None]
     runner.release(request.request_id)
     return Checkup(runner.load_report, per_token // len(prompt), checks)
 

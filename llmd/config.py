@@ -99,6 +99,8 @@ class Profile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # compiled: a lone running request's decode step runs as one compiled graph (lone_step.py);
     # max-autotune: the same graph with each matmul's kernel chosen by measurement at load.
     lone_step: Literal["eager", "compiled", "max-autotune"] = "eager"
+    # compiled: the decode step of two or more running requests, likewise (lone_step.BatchStep).
+    batch_step: Literal["eager", "compiled"] = "eager"
     warmup: bool = True
     max_context: Positive = 4096
     max_running: Positive = 1
@@ -345,10 +347,11 @@ def _check_profile(profile: Profile, source: str) -> None:
     if profile.onednn_linear and profile.device != "cpu":
         refuse("onednn_linear", "packs weights for the CPU's oneDNN, but `device` is "
                                 f"`{profile.device}`; set it to false")
-    if profile.lone_step != "eager" and (profile.engine != "native" or profile.device != "cpu"
-                                         or profile.kv_cache != "static" or profile.compile != "none"):
-        refuse("lone_step", f"{profile.lone_step} is the native CPU batch's eager one-row step: it needs "
-                            "device: cpu, kv_cache: static and compile: none (`compile` covers CUDA's steps)")
+    for key, value in (("lone_step", profile.lone_step), ("batch_step", profile.batch_step)):
+        if value != "eager" and (profile.engine != "native" or profile.device != "cpu"
+                                 or profile.kv_cache != "static" or profile.compile != "none"):
+            refuse(key, f"{value} compiles the native CPU batch's eager decode step: it needs device: cpu, "
+                        "kv_cache: static and compile: none (`compile` covers CUDA's steps)")
     if profile.lone_step == "max-autotune" and profile.quantization == "nf4":
         refuse("lone_step", "max-autotune chooses among GEMM kernels for bfloat16, float32 and int8 "
                             "weights; bitsandbytes' nf4 layers have none: use compiled")

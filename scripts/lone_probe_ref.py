@@ -47,7 +47,7 @@ def main() -> None:
     token = runner.first_token(request)
     sequence, position, compared = [*prompt, token], len(prompt), []
     for _ in range(args.steps):
-        eager, compiled = batch.compare_lone(lone, token, position)
+        eager, compiled = batch.compare_compiled(lone, [token], [position])
         compared.append((list(sequence), eager.float().flatten(), compiled.float().flatten()))
         token, position = int(eager.argmax()), position + 1
         sequence.append(token)

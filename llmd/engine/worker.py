@@ -175,8 +175,9 @@ class EngineWorker:
             self._set_phase(phase)
             started = time.perf_counter()
             self._warm_up()
-            # the lone step compiled while loading, with the probes: warm-up too
-            self.warmup_seconds = time.perf_counter() - started + self.runner.fast_paths.lone_seconds
+            # the compiled steps compiled while loading, with the probes: warm-up too
+            fast = self.runner.fast_paths
+            self.warmup_seconds = time.perf_counter() - started + fast.lone_seconds + fast.batch_seconds
             log.info("warm-up done in %.2f s", self.warmup_seconds)
 
     def _log_load(self, runner: ModelRunner) -> None:
@@ -208,6 +209,12 @@ class EngineWorker:
                      "proven in %.1f s%s)", self.profile.lone_step, fast.lone_seconds, tuned)
         elif self.profile.lone_step != "eager":
             log.info("a lone stream's decode steps: eager (%s)", fast.lone_problem)
+        if fast.batch_problem is None:
+            log.info("the decode steps of 2 to %d streams: one compiled graph (batch_step: compiled, "
+                     "compiled and proven in %.1f s)", self.profile.max_running, fast.batch_seconds)
+        elif self.profile.batch_step != "eager":
+            log.info("the decode steps of 2 to %d streams: eager (%s)", self.profile.max_running,
+                     fast.batch_problem)
         log.info("attention: %s", attention_summary(runner.model, self.profile))
 
     def _warm_up(self) -> None:

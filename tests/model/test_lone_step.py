@@ -1,4 +1,5 @@
-"""The compiled lone decode step: proven at load, the eager walk's logits, never a recompile after."""
+"""The compiled decode steps (one row, and two or more): proven at load, the eager walk's logits, never a
+recompile after."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ import torch
 from llmd.config import ConfigError, Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model import lone_step
-from llmd.engine.model.checklist import lone_step_check
+from llmd.engine.model.checklist import batch_step_check, lone_step_check
 from llmd.engine.model.int8 import Int8Linear
-from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
+from llmd.engine.model.lone_step import (
+    MIN_ROWS,
+    MIN_WINDOW,
+    BatchStep,
+    CompiledStep,
+    LoneStep,
+)
 from llmd.engine.model.onednn import replace_module
-from llmd.engine.model.probes import FastPaths, float32_logits, further_than_eager
+from llmd.engine.model.probes import FastPaths, check_compiled, float32_logits, further_than_eager
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
@@ -43,7 +50,8 @@ LEAVE = {9: "b1", 12: "b2"}
 
 @pytest.fixture(scope="module")
 def lone_runner(tiny_model: Path) -> Iterator[ModelRunner]:
-    runner = ModelRunner(tiny_model, static_profile(lone_step="compiled", max_running=4, max_context=48))
+    profile = static_profile(lone_step="compiled", batch_step="compiled", max_running=4, max_context=48)
+    runner = ModelRunner(tiny_model, profile)
     yield runner
     torch._dynamo.reset()
 
@@ -61,36 +69,47 @@ def lone_traffic(runner: ModelRunner, prompts: list[list[int]]) -> dict[str, lis
     return tokens
 
 
-def test_a_lone_stream_decodes_as_the_eager_walk_does_and_never_recompiles(
+def counted(monkeypatch: pytest.MonkeyPatch, step: CompiledStep) -> list[tuple[int, bool]]:
+    """Each run of `step` from now on: its rows, and whether the graph ran it."""
+    runs = []
+    real_run = step.run
+
+    def counting_run(*args: Any) -> torch.Tensor | None:
+        logits = real_run(*args)
+        runs.append((args[2].shape[0], logits is not None))
+        return logits
+
+    monkeypatch.setattr(step, "run", counting_run)
+    return runs
+
+
+def test_mixed_traffic_decodes_as_the_eager_walk_does_and_never_recompiles(
     tiny_model: Path, lone_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batch = batch_of(lone_runner)
-    lone = batch.lone
+    lone, batched = batch.lone, batch.batched
     assert lone_runner.fast_paths.lone_problem is None and lone is not None and batch.direct is not None
-    assert lone.compile_seconds is not None and lone.compile_seconds > 0
-    assert lone_runner.fast_paths.lone_seconds == lone.compile_seconds
-    compiled_steps = []
-    real_run = lone.run
-
-    def counting_run(*args: list[torch.Tensor] | torch.Tensor) -> torch.Tensor | None:
-        logits = real_run(*args)  # type: ignore[arg-type]
-        compiled_steps.append(logits is not None)
-        return logits
-
-    monkeypatch.setattr(lone, "run", counting_run)
+    assert lone_runner.fast_paths.batch_problem is None and batched is not None and batched.unguarded
+    fast = lone_runner.fast_paths
+    for step, seconds in ((lone, fast.lone_seconds), (batched, fast.batch_seconds)):
+        assert step.compile_seconds is not None and 0 < step.compile_seconds == seconds
+    lone_runs, batch_runs = counted(monkeypatch, lone), counted(monkeypatch, batched)
     seen = record_logits(monkeypatch)
     prompts = prompts_of(tiny_model, WORDS)
     graphs, compactions = unique_graphs(), batch.compactions
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = lone_traffic(lone_runner, prompts)
-    assert unique_graphs() == graphs and lone.retired is None
+    assert unique_graphs() == graphs and lone.retired is None and batched.retired is None
     assert batch.compactions > compactions  # a lone window after the columns moved
-    # b0's steps alone went through the graph: before b1 joined and after the others left
-    assert sum(compiled_steps) >= 15 and all(compiled_steps)
+    # b0's steps alone went through the lone graph: before b1 joined and after the others left;
+    # with b1, and b2 for a while, through the batch graph (2 and 3 rows)
+    assert len(lone_runs) >= 15 and all(ran for _, ran in lone_runs)
+    assert {rows for rows, _ in batch_runs} == {2, 3} and all(ran for _, ran in batch_runs)
     compiled_logits = {k: list(v) for k, v in seen.items()}
 
     eager = ModelRunner(tiny_model, static_profile(max_running=4, max_context=48))
     assert eager.fast_paths.lone_problem is not None and batch_of(eager).lone is None
+    assert eager.fast_paths.batch_problem is not None and batch_of(eager).batched is None
     seen.clear()
     assert lone_traffic(eager, prompts) == compiled
     for k in range(len(prompts)):
@@ -120,17 +139,22 @@ def test_a_recompile_after_load_retires_the_graph_and_the_step_runs_eager(
     lone_runner.release("after")
 
 
-def test_its_guards_pass_at_every_window_it_takes_and_it_runs_unguarded(lone_runner: ModelRunner) -> None:
+def test_their_guards_pass_at_every_shape_they_take_and_they_run_unguarded(lone_runner: ModelRunner) -> None:
     batch = batch_of(lone_runner)
-    lone = batch.lone
-    assert lone is not None and lone.unguarded
+    lone, batched = batch.lone, batch.batched
+    assert lone is not None and lone.unguarded and batched is not None and batched.unguarded
     graphs = unique_graphs()
+    every = range(MIN_WINDOW, batch.capacity)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        assert batch.check_lone(lone, range(MIN_WINDOW, batch.capacity)) is None
+        assert check_compiled(batch, lone, [1], every) is None
+        assert check_compiled(batch, batched, range(MIN_ROWS, batch.slots + 1), every) is None
         # a window of the whole row is contiguous: the guards refuse it, so `run` leaves it eager
-        assert batch.check_lone(lone, [batch.capacity]) is not None
-    assert unique_graphs() == graphs and lone.retired is None
-    assert not lone.takes(MIN_WINDOW - 1) and not lone.takes(batch.capacity)
+        assert check_compiled(batch, lone, [1], [batch.capacity]) is not None
+        assert check_compiled(batch, batched, [batch.slots], [batch.capacity]) is not None
+    assert unique_graphs() == graphs and lone.retired is None and batched.retired is None
+    assert not lone.takes(1, MIN_WINDOW - 1) and not lone.takes(1, batch.capacity) and not lone.takes(2, 8)
+    assert not batched.takes(1, 8) and not batched.takes(batch.slots + 1, 8)
+    assert not batched.takes(2, MIN_WINDOW - 1) and not batched.takes(2, batch.capacity)
 
 
 def test_a_lone_stream_that_fills_its_row_keeps_the_graph(
@@ -261,17 +285,37 @@ def test_a_step_that_fails_its_probe_leaves_lone_streams_eager(
     assert len(runner.decode([request])) == 1
 
 
+def test_a_batch_step_that_fails_its_probe_leaves_batches_eager(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def wrong(self: BatchStep, *inputs: Any) -> torch.Tensor:
+        return CompiledStep._walk(self, *inputs).flip(-1)
+
+    monkeypatch.setattr(BatchStep, "_step", wrong)
+    with caplog.at_level(logging.WARNING, "llmd.engine"):
+        runner = ModelRunner(tiny_model, static_profile(batch_step="compiled", max_running=2, max_context=48))
+    problem = runner.fast_paths.batch_problem
+    assert problem is not None and problem.startswith("logits differ by up to")
+    assert batch_of(runner).batched is None and batch_of(runner).direct is not None
+    assert "the decode steps of two or more streams run eager" in caplog.text
+    requests = [Request(f"eager-{n}", [5, 6, 7, 8 + n], greedy(3)) for n in range(2)]
+    for request in requests:
+        runner.first_token(request)
+    assert len(runner.decode(requests)) == 2
+
+
+@pytest.mark.parametrize("key", ["lone_step", "batch_step"])
 @pytest.mark.parametrize(("changes", "message"), [
     ({"device": "cuda"}, "needs device: cpu"),
     ({"kv_cache": "dynamic"}, "kv_cache: static"),
     ({"kv_cache": "static", "compile": "default", "onednn_linear": "false"}, "compile: none"),
 ])
-def test_profiles_the_lone_step_cannot_serve_are_refused(
-    tmp_path: Path, changes: dict[str, str], message: str
+def test_profiles_the_compiled_steps_cannot_serve_are_refused(
+    tmp_path: Path, key: str, changes: dict[str, str], message: str
 ) -> None:
     path = tmp_path / "p.yaml"
-    path.write_text("lone_step: compiled\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
-    with pytest.raises(ConfigError, match=message):
+    path.write_text(f"{key}: compiled\n" + "".join(f"{k}: {v}\n" for k, v in changes.items()))
+    with pytest.raises(ConfigError, match=f"{key}.*{message}"):
         load_profile(str(path))
 
 
@@ -288,20 +332,30 @@ def test_llmd_check_says_whether_the_compiled_lone_step_it_asked_for_was_proven(
     assert "lone_step: eager" in refused.fix
 
 
+def test_llmd_check_says_whether_the_compiled_batch_step_it_asked_for_was_proven() -> None:
+    asked = msgspec.structs.replace(load_profile("cpu"), kv_cache="static", batch_step="compiled")
+    assert batch_step_check(load_profile("cpu"), FastPaths(None, None, None)) is None  # eager
+    proven = batch_step_check(asked, FastPaths(None, None, None, batch_problem=None, batch_seconds=18.25))
+    assert proven is not None and proven.ok and proven.detail == "one graph, compiled and proven in 18.2 s"
+    refused = batch_step_check(asked, FastPaths(None, None, None, batch_problem="a window of 2 columns: x"))
+    assert refused is not None and not refused.ok and refused.detail == "runs eager: a window of 2 columns: x"
+    assert "batch_step: eager" in refused.fix
+
+
 def test_max_autotune_refuses_nf4_layers_it_has_no_kernels_to_choose_for(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text("lone_step: max-autotune\nkv_cache: static\nquantization: nf4\n")
     with pytest.raises(ConfigError, match="nf4 layers have none: use compiled"):
         load_profile(str(path))
     path.write_text("lone_step: max-autotune\nkv_cache: dynamic\n")
-    with pytest.raises(ConfigError, match="max-autotune is the native CPU batch's eager one-row step"):
+    with pytest.raises(ConfigError, match="max-autotune compiles the native CPU batch's eager decode step"):
         load_profile(str(path))
 
 
-def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_as_warm_up(
+def test_the_engine_is_ready_only_once_the_steps_are_compiled_and_counts_them_as_warm_up(
     tiny_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = msgspec.structs.replace(load_profile("cpu"), lone_step="compiled")
+    config = msgspec.structs.replace(load_profile("cpu"), lone_step="compiled", batch_step="compiled")
 
     async def main() -> tuple[float, float, str]:
         worker = EngineWorker(tiny_model, config)
@@ -310,7 +364,9 @@ def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_a
         await asyncio.wait_for(engine.ready.wait(), 900)  # compiling on two busy cores takes a while
         try:
             assert worker.runner is not None
-            seconds = worker.runner.fast_paths.lone_seconds
+            fast = worker.runner.fast_paths
+            assert fast.batch_seconds > 0
+            seconds = fast.lone_seconds + fast.batch_seconds
             text, _ = await text_of(engine, greedy(8))
             return seconds, worker.warmup_seconds, text
         finally:
@@ -321,3 +377,5 @@ def test_the_engine_is_ready_only_once_the_lone_step_is_compiled_and_counts_it_a
     assert 0 < lone_seconds <= warmup_seconds and text
     assert ("a lone stream's decode steps: one compiled graph (lone_step: compiled, compiled and proven in"
             in caplog.text)
+    assert ("the decode steps of 2 to 8 streams: one compiled graph (batch_step: compiled, compiled and "
+            "proven in" in caplog.text)

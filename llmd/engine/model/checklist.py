@@ -60,15 +60,28 @@ def tuning_checklist(
 def lone_step_check(profile: Profile, fast: FastPaths) -> Check | None:
     """Whether the lone stream's step the profile asks for (`lone_step` other than eager) was
     compiled and proven at load; None when it asks for none."""
-    if profile.lone_step == "eager":
-        return None
-    if fast.lone_problem is not None:
-        return Check("compiled lone step", False, f"runs eager: {fast.lone_problem}",
-                     "a lone stream decodes eager, slower, after paying the compile at every start: "
-                     "set lone_step: eager, or report the probe's figures above")
     tuned = "" if fast.lone_templated is None else f", {fast.lone_templated} matmuls on the GEMM template"
-    return Check("compiled lone step", True,
-                 f"one graph ({profile.lone_step}), compiled and proven in {fast.lone_seconds:.1f} s{tuned}")
+    proven = f"one graph ({profile.lone_step}), compiled and proven in {fast.lone_seconds:.1f} s{tuned}"
+    return _compiled_check("lone_step", profile.lone_step, fast.lone_problem, proven)
+
+
+def batch_step_check(profile: Profile, fast: FastPaths) -> Check | None:
+    """Whether the step of two or more streams the profile asks for (`batch_step: compiled`) was
+    compiled and proven at load; None when it asks for none."""
+    return _compiled_check("batch_step", profile.batch_step, fast.batch_problem,
+                           f"one graph, compiled and proven in {fast.batch_seconds:.1f} s")
+
+
+def _compiled_check(key: str, asked: str, problem: str | None, proven: str) -> Check | None:
+    if asked == "eager":
+        return None
+    name, streams = ("lone step", "a lone stream decodes") if key == "lone_step" else (
+        "batch step", "two or more streams decode")
+    if problem is not None:
+        return Check(f"compiled {name}", False, f"runs eager: {problem}",
+                     f"{streams} eager, slower, after paying the compile at every start: set {key}: eager, "
+                     "or report the probe's figures above")
+    return Check(f"compiled {name}", True, proven)
 
 
 def _placement_checks(model: PreTrainedModel, device: torch.device) -> list[Check]:

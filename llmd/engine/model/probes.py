@@ -9,6 +9,7 @@ costs speed, never service.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,7 @@ from llmd.engine.model import int8, layer_walk
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.int8 import QuantizeReport
-from llmd.engine.model.lone_step import MIN_WINDOW, LoneStep
+from llmd.engine.model.lone_step import MIN_ROWS, MIN_WINDOW, BatchStep, CompiledStep, LoneStep
 from llmd.engine.model.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.engine.model.request_cache import new_cache
 from llmd.engine.model.static_batch import StaticDecodeBatch
@@ -33,6 +34,7 @@ log = logging.getLogger("llmd.engine")
 # largest magnitude. Measured on the demo models (bfloat16, per-channel int8): 1.1-1.9 %.
 INT8_TOLERANCE = 0.05
 NOT_ASKED = "the profile's lone_step is eager"
+NOT_ASKED_BATCH = "the profile's batch_step is eager"
 NOT_FUSABLE = "it needs kv_cache: static, compile: none and SDPA attention"
 
 
@@ -52,13 +54,16 @@ class ProbeHost(Protocol):
 class FastPaths:
     """What passed: the batch that takes fused steps (None: none does), why decode steps run
     through transformers' forward (None: through the direct layer walk), and why a lone stream's
-    step is not compiled (None: it is, `lone_step: compiled` or `max-autotune`)."""
+    step is not compiled (None: it is, `lone_step: compiled` or `max-autotune`), nor the step of
+    two or more streams (None: it is, `batch_step: compiled`)."""
 
     fused_batch: StaticDecodeBatch | None
     direct_problem: str | None
     lone_problem: str | None
     lone_seconds: float = 0.0  # what compiling and proving the lone step took
     lone_templated: int | None = None  # max-autotune: its matmuls on inductor's GEMM template
+    batch_problem: str | None = NOT_ASKED_BATCH
+    batch_seconds: float = 0.0  # what compiling and proving the batch step took
 
 
 def logits_differ(expected: torch.Tensor, got: torch.Tensor, tolerance: float = 1e-3) -> str | None:
@@ -135,7 +140,8 @@ def prove_fast_paths(
     """
     eager_static = profile.compile == "none" and model.config._attn_implementation == "sdpa"
     if not (isinstance(batch, StaticDecodeBatch) and eager_static):
-        return FastPaths(None, NOT_FUSABLE, NOT_ASKED if profile.lone_step == "eager" else NOT_FUSABLE)
+        return FastPaths(None, NOT_FUSABLE, NOT_ASKED if profile.lone_step == "eager" else NOT_FUSABLE,
+                         batch_problem=NOT_ASKED_BATCH if profile.batch_step == "eager" else NOT_FUSABLE)
     direct_problem = probe_direct(host, batch, model)
     if direct_problem is not None and layer_walk.unsupported_reason(model) is None:
         log.warning("decode steps run through transformers' forward: the direct step "
@@ -146,14 +152,21 @@ def prove_fast_paths(
         if lone_problem is not None:
             log.warning("a lone stream's decode step runs eager: the compiled step failed its "
                         "probe (%s)", lone_problem)
+    batch_problem: str | None = NOT_ASKED_BATCH
+    if profile.batch_step != "eager":
+        batch_problem = direct_problem or probe_batch(host, batch, model)
+        if batch_problem is not None:
+            log.warning("the decode steps of two or more streams run eager: the compiled step "
+                        "failed its probe (%s)", batch_problem)
     problem = probe_fused(host, batch, model, torch.device(profile.device))
     if problem is not None:
         log.warning("decode and prefill run as separate passes: the fused step failed its "
                     "probe (%s)", problem)
-    lone = batch.lone
+    lone, batched = batch.lone, batch.batched
     return FastPaths(batch if problem is None else None, direct_problem, lone_problem,
                      (lone.compile_seconds or 0.0) if lone is not None else 0.0,
-                     lone.templated if lone is not None else None)
+                     lone.templated if lone is not None else None, batch_problem,
+                     (batched.compile_seconds or 0.0) if batched is not None else 0.0)
 
 
 def probe_fused(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
@@ -225,33 +238,100 @@ def probe_lone(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel
     (`float32_logits`), and kept when it is no further from that than the eager step, or within
     the tolerance of it."""
     assert batch.direct is not None
-    tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
-    lone = LoneStep(batch.direct, batch.capacity, autotune)
     vocab = int(model.config.vocab_size)
     probe = Request("probe-lone", [(7 + 5 * i) % vocab for i in range(5)], SamplingParams(max_tokens=4))
+    lone = LoneStep(batch.direct, batch.capacity, autotune)
+    problem = prove_compiled(host, batch, model, lone, [probe])
+    if problem is None:
+        batch.lone = lone
+    return problem
+
+
+def probe_batch(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel) -> str | None:
+    """Compile the step of two or more streams (`BatchStep`) and keep it as `probe_lone` keeps the
+    lone one: the eager direct walk's logits for two requests of different lengths (one row
+    padded) over three steps, and its guards passing at 2 rows and at every slot, over the
+    shortest and the longest window."""
+    assert batch.direct is not None
+    vocab = int(model.config.vocab_size)
+    probes = [Request(f"probe-batch-{n}", [(9 + 4 * i + n) % vocab for i in range(7 - 3 * n)],
+                      SamplingParams(max_tokens=4)) for n in range(2)]
+    step = BatchStep(batch.direct, batch.capacity, batch.slots)
+    problem = prove_compiled(host, batch, model, step, probes)
+    if problem is None:
+        batch.batched = step
+    return problem
+
+
+def prove_compiled(host: ProbeHost, batch: StaticDecodeBatch, model: PreTrainedModel,
+                   step: CompiledStep, probes: list[Request]) -> str | None:
+    """Run `probes` (joined in this order, released after) through `step` beside the eager walk for
+    three steps (the first compiles) with `probe_lone`'s tolerance, then check its guards over
+    the shapes it takes; None when all pass (`step.unguarded` is set), else why not."""
+    tolerance = max(1e-3, 2 * torch.finfo(model.dtype).eps)
     int8_layers = any(isinstance(module, int8.Int8Linear) for module in model.modules())
     try:
-        token, position = host.first_token(probe), len(probe.prompt_ids)
-        sequence = [*probe.prompt_ids, token]
-        for _ in range(3):  # the first compiles
-            expected, got = batch.compare_lone(lone, token, position)
-            problem = lone.retired or logits_differ(expected.float(), got.float(), tolerance)
-            if problem is not None and lone.retired is None and int8_layers:
-                problem = further_than_eager(float32_logits(model, sequence), expected, got, tolerance)
-            if problem is not None:
-                return problem
-            token, position = int(expected.argmax()), position + 1
-            sequence.append(token)
+        sequences = [[*probe.prompt_ids, host.first_token(probe)] for probe in probes]
+        for _ in range(3):
+            expected, got = batch.compare_compiled(step, [s[-1] for s in sequences],
+                                                   [len(s) - 1 for s in sequences])
+            for row, sequence in enumerate(sequences):
+                problem = step.retired or logits_differ(expected[row].float(), got[row].float(), tolerance)
+                if problem is not None and step.retired is None and int8_layers:
+                    problem = further_than_eager(float32_logits(model, sequence), expected[row], got[row],
+                                                 tolerance)
+                if problem is not None:
+                    return problem
+                sequence.append(int(expected[row].argmax()))
     except Exception as exc:  # a model or torch build inductor cannot compile
         return f"{type(exc).__name__}: {exc}"
     finally:
-        host.release(probe.request_id)
-    problem = batch.check_lone(lone, (MIN_WINDOW, batch.capacity - 1))
+        for probe in probes:
+            host.release(probe.request_id)
+    problem = check_compiled(batch, step)
     if problem is not None:
         return problem
-    lone.unguarded = True
-    batch.lone = lone
+    step.unguarded = True
     return None
+
+
+@torch.inference_mode()
+def check_compiled(batch: StaticDecodeBatch, step: CompiledStep, row_counts: Iterable[int] | None = None,
+                   windows: Iterable[int] | None = None) -> str | None:
+    """Run `step` with its guards evaluated over each of `row_counts` and `windows` of the batch's
+    first slots and columns (by default the smallest and the largest it takes): None when every
+    one passes, else why not. Scratch work: the column each run writes and the mask are put back,
+    and the inputs are token 0 at position 0."""
+    if row_counts is None:
+        row_counts = [1] if isinstance(step, LoneStep) else [MIN_ROWS, batch.slots]
+    windows = list((MIN_WINDOW, batch.capacity - 1) if windows is None else windows)
+    batch.input_ids.zero_()
+    batch.position_ids.zero_()
+    attending = batch.mask.clone()
+    try:
+        for rows in row_counts:
+            for window in windows:
+                problem = _check_shape(batch, step, rows, window)
+                if problem is not None:
+                    return f"{rows} rows over a window of {window} columns: {problem}"
+    finally:
+        batch.mask.copy_(attending)
+    return None
+
+
+def _check_shape(batch: StaticDecodeBatch, step: CompiledStep, rows: int, window: int) -> str | None:
+    keys = [layer.keys[:rows, :, :window] for layer in batch.layers]
+    values = [layer.values[:rows, :, :window] for layer in batch.layers]
+    saved = [(k[:, :, -1].clone(), v[:, :, -1].clone()) for k, v in zip(keys, values, strict=True)]
+    mask = None
+    if rows > 1:
+        batch.mask[:rows, :window] = True
+        mask = batch.mask[:rows, :window]
+    problem = step.check(keys, values, batch.input_ids[:rows], batch.position_ids[:rows], mask)
+    for (key, value), k, v in zip(saved, keys, values, strict=True):
+        k[:, :, -1].copy_(key)
+        v[:, :, -1].copy_(value)
+    return problem
 
 
 def float32_logits(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:

@@ -22,14 +22,14 @@ fused step): all tokens go through the model as one packed sequence and `fused_a
 attention per request. An eager step, decode-only or fused, of a model that `DirectDecoder` can
 run (Llama-family layers, checked by the runner at load) goes through it instead of transformers'
 forward, with its attention from `Window.attend` or `FusedLayout.attend` (attention.py); a
-decode-only step of one running request goes through the compiled `LoneStep` (lone_step.py)
-instead when the profile asks for it and it passed its probe.
+decode-only step goes through a compiled graph instead (lone_step.py) when the profile asks for
+it and the graph passed its probe: `LoneStep` for one running request, `BatchStep` for more.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,7 +47,7 @@ from llmd.engine.model.attention import (
     attention_implementation,
 )
 from llmd.engine.model.layer_walk import DirectDecoder, import_inductor
-from llmd.engine.model.lone_step import LoneStep
+from llmd.engine.model.lone_step import BatchStep, CompiledStep, LoneStep
 from llmd.preflight.shape import attention_heads
 
 
@@ -91,6 +91,8 @@ class StaticDecodeBatch:
         self.direct: DirectDecoder | None = None
         # A lone running request's eager step as one compiled graph, once proven (`probe_lone`).
         self.lone: LoneStep | None = None
+        # Likewise the eager step of two or more rows (`probe_batch`).
+        self.batched: BatchStep | None = None
         if compile_mode != "none":
             import_inductor()
             self._step = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False)
@@ -286,7 +288,7 @@ class StaticDecodeBatch:
         (decided from the lengths, on the host). The layers' own column is not kept up to date
         here: `_open_window` sets it whenever transformers' forward runs on the batch.
         """
-        logits = self._run_lone(start) if rows == 1 and self.lone is not None else None
+        logits = self._run_compiled(rows, start)
         if logits is None:
             padded = any(self.lengths[slot] != self.column - start for slot in range(rows))
             mask = self.mask[:rows, None, None, start : self.column + 1] if padded else None
@@ -295,32 +297,17 @@ class StaticDecodeBatch:
         self.column += 1
         return logits
 
-    def _run_lone(self, start: int) -> torch.Tensor | None:
-        """Slot 0's step through the compiled `LoneStep` over columns [start, column]; None: not run."""
-        assert self.lone is not None
+    def _run_compiled(self, rows: int, start: int) -> torch.Tensor | None:
+        """The first `rows` slots' step through the compiled `LoneStep` (one row) or `BatchStep`
+        over columns [start, column]; None: not run (none proven, or a shape it does not take)."""
+        step = self.lone if rows == 1 else self.batched
+        if step is None:
+            return None
         end = self.column + 1
-        keys = [layer.keys[:1, :, start:end] for layer in self.layers]
-        values = [layer.values[:1, :, start:end] for layer in self.layers]
-        return self.lone.run(keys, values, self.input_ids[:1], self.position_ids[:1])
-
-    @torch.inference_mode()
-    def check_lone(self, lone: LoneStep, windows: Iterable[int]) -> str | None:
-        """Run `lone` with its guards evaluated over slot 0's first `window` columns, for each of
-        `windows`: None when every one passes, else why not. Scratch work: the column each run
-        writes is put back, and the inputs are token 0 at position 0."""
-        self.input_ids[:1].zero_()
-        self.position_ids[:1].zero_()
-        for window in windows:
-            keys = [layer.keys[:1, :, :window] for layer in self.layers]
-            values = [layer.values[:1, :, :window] for layer in self.layers]
-            saved = [(k[:, :, -1].clone(), v[:, :, -1].clone()) for k, v in zip(keys, values, strict=True)]
-            problem = lone.check(keys, values, self.input_ids[:1], self.position_ids[:1])
-            for (key, value), k, v in zip(saved, keys, values, strict=True):
-                k[:, :, -1].copy_(key)
-                v[:, :, -1].copy_(value)
-            if problem is not None:
-                return f"a window of {window} columns: {problem}"
-        return None
+        keys = [layer.keys[:rows, :, start:end] for layer in self.layers]
+        values = [layer.values[:rows, :, start:end] for layer in self.layers]
+        mask = None if rows == 1 else self.mask[:rows, start:end]  # a lone row attends to all of it
+        return step.run(keys, values, self.input_ids[:rows], self.position_ids[:rows], mask)
 
     @torch.inference_mode()
     def compare_direct(
@@ -328,28 +315,34 @@ class StaticDecodeBatch:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step at the same column through transformers' forward, then through `direct`:
         both sets of logits. Both write the same keys and values; the batch ends one step on."""
-        saved = self.direct, self.lone
+        saved = self.direct, self.lone, self.batched
         try:
-            self.direct = self.lone = None
+            self.direct = self.lone = self.batched = None
             expected = self._step_again(tokens, positions)
             self.direct = direct
             return expected, self.step(tokens, positions)
         finally:
-            self.direct, self.lone = saved
+            self.direct, self.lone, self.batched = saved
 
     @torch.inference_mode()
-    def compare_lone(self, lone: LoneStep, token: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step of the lone running request through the eager direct walk, then through `lone`:
-        both logits. The batch ends one step on."""
-        assert self.direct is not None and self.owners[0] is not None and len(self.request_ids) == 1
-        saved = self.lone
+    def compare_compiled(self, step: CompiledStep, tokens: list[int], positions: list[int]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the running requests through the eager direct walk, then through `step`
+        (a `LoneStep` for one running request in slot 0, a `BatchStep` for more): both logits.
+        The batch ends one step on."""
+        assert self.direct is not None and self.request_ids
+        saved = self.lone, self.batched
         try:
-            self.lone = None
-            expected = self._step_again([token], [position])
-            self.lone = lone
-            return expected, self.step([token], [position])
+            self.lone = self.batched = None
+            expected = self._step_again(tokens, positions)
+            if isinstance(step, LoneStep):
+                self.lone = step
+            else:
+                assert isinstance(step, BatchStep)
+                self.batched = step
+            return expected, self.step(tokens, positions)
         finally:
-            self.lone = saved
+            self.lone, self.batched = saved
 
     def _step_again(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """`step`'s logits, with the column and lengths put back as they were: the next step
