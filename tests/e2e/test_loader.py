@@ -33,3 +33,5 @@ def test_a_quantized_profile_serves_a_request(tiny_model: Path, tmp_path: Path, 
         # the shipped lone step, compiled with max-autotune and proven, its template copy planned
         assert "(lone_step: max-autotune, compiled and proven in" in log
         assert "matmuls on inductor's GEMM template" in log and "lone step weights" in log
+        # and the shipped batch step
+        assert "(batch_step: compiled, compiled and proven in" in log
