@@ -34,7 +34,8 @@ def main() -> None:
     runner = ModelRunner(Path(args.model).expanduser(), load_profile(args.profile))
     batch, fast = runner.batch, runner.fast_paths
     assert isinstance(batch, StaticDecodeBatch), "needs kv_cache: static"
-    if batch.batched is None:
+    compiled = batch.batched
+    if compiled is None:
         raise SystemExit(f"no compiled batch step: {fast.batch_problem}")
     print(f"compiled and proven at load in {fast.batch_seconds:.1f} s")
     vocab = int(runner.model.config.vocab_size)
@@ -44,7 +45,7 @@ def main() -> None:
                 for n in range(args.rows)]
     for request in requests:
         runner.first_token(request)
-    compiled, times = batch.batched, {"eager": [], "compiled": []}
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
     for _ in range(args.rounds):
         for name in ("compiled", "eager"):
             batch.batched = compiled if name == "compiled" else None
@@ -58,7 +59,8 @@ def main() -> None:
     for name, values in times.items():
         print(f"{args.rows} rows, {name}: {statistics.median(values):.2f} ms a step "
               f"(rounds: {', '.join(f'{v:.2f}' for v in values)})")
-    assert compiled is not None and compiled.retired is None, compiled and compiled.retired
+    if compiled.retired is not None:
+        print(f"the compiled step retired during the run ({compiled.retired}): its figures are eager's")
 
 
 if __name__ == "__main__":

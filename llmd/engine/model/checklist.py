@@ -62,21 +62,22 @@ def lone_step_check(profile: Profile, fast: FastPaths) -> Check | None:
     compiled and proven at load; None when it asks for none."""
     tuned = "" if fast.lone_templated is None else f", {fast.lone_templated} matmuls on the GEMM template"
     proven = f"one graph ({profile.lone_step}), compiled and proven in {fast.lone_seconds:.1f} s{tuned}"
-    return _compiled_check("lone_step", profile.lone_step, fast.lone_problem, proven)
+    return _compiled_check("lone step", "a lone stream decodes", "lone_step", profile.lone_step,
+                           fast.lone_problem, proven)
 
 
 def batch_step_check(profile: Profile, fast: FastPaths) -> Check | None:
     """Whether the step of two or more streams the profile asks for (`batch_step: compiled`) was
     compiled and proven at load; None when it asks for none."""
-    return _compiled_check("batch_step", profile.batch_step, fast.batch_problem,
-                           f"one graph, compiled and proven in {fast.batch_seconds:.1f} s")
+    proven = f"one graph, compiled and proven in {fast.batch_seconds:.1f} s"
+    return _compiled_check("batch step", "two or more streams decode", "batch_step", profile.batch_step,
+                           fast.batch_problem, proven)
 
 
-def _compiled_check(key: str, asked: str, problem: str | None, proven: str) -> Check | None:
+def _compiled_check(name: str, streams: str, key: str, asked: str, problem: str | None,
+                    proven: str) -> Check | None:
     if asked == "eager":
         return None
-    name, streams = ("lone step", "a lone stream decodes") if key == "lone_step" else (
-        "batch step", "two or more streams decode")
     if problem is not None:
         return Check(f"compiled {name}", False, f"runs eager: {problem}",
                      f"{streams} eager, slower, after paying the compile at every start: set {key}: eager, "

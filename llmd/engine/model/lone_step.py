@@ -81,6 +81,7 @@ class CompiledStep:
     ([rows, window], or None: all of them)."""
 
     name = "decode step"  # what the logs call it
+    min_rows = max_rows = 1  # the rows the graph takes
 
     def __init__(self, decoder: DirectDecoder, capacity: int, autotune: bool = False) -> None:
         """`capacity`: the cache's columns; a window that long is the whole row, and runs eager.
@@ -100,7 +101,7 @@ class CompiledStep:
 
     def takes(self, rows: int, window: int) -> bool:
         """Whether `run` runs the graph for this many rows over a window of this many columns."""
-        raise NotImplementedError
+        return self.min_rows <= rows <= self.max_rows and MIN_WINDOW <= window < self.capacity
 
     def run(self, keys: list[torch.Tensor], values: list[torch.Tensor], input_ids: torch.Tensor,
             position_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -163,11 +164,9 @@ class CompiledStep:
             mark(cache, 2, min=MIN_WINDOW, max=self.capacity - 1)
         if mask is not None:
             mark(mask, 1, min=MIN_WINDOW, max=self.capacity - 1)
-        if input_ids.shape[0] > 1:
+        if self.max_rows > 1:
             for tensor in (input_ids, position_ids, *keys, *values, *([] if mask is None else [mask])):
-                mark(tensor, 0, min=MIN_ROWS, max=self._max_rows)
-
-    _max_rows = 1  # the most rows the graph takes
+                mark(tensor, 0, min=self.min_rows, max=self.max_rows)
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
               values: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
@@ -195,9 +194,6 @@ class LoneStep(CompiledStep):
 
     name = "lone decode step"
 
-    def takes(self, rows: int, window: int) -> bool:
-        return rows == 1 and MIN_WINDOW <= window < self.capacity
-
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
               values: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return self._walk(input_ids, position_ids, keys, values, mask)
@@ -207,13 +203,11 @@ class BatchStep(CompiledStep):
     """The compiled step of 2 to `slots` rows (`batch_step: compiled`), never autotuned."""
 
     name = "batch decode step"
+    min_rows = MIN_ROWS
 
     def __init__(self, decoder: DirectDecoder, capacity: int, slots: int) -> None:
         super().__init__(decoder, capacity)
-        self.slots = self._max_rows = slots
-
-    def takes(self, rows: int, window: int) -> bool:
-        return MIN_ROWS <= rows <= self.slots and MIN_WINDOW <= window < self.capacity
+        self.max_rows = slots
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
               values: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:

@@ -21,7 +21,7 @@ from llmd.engine.model import int8, layer_walk
 from llmd.engine.model.attention import PrefillInput
 from llmd.engine.model.batch import DecodeBatch
 from llmd.engine.model.int8 import QuantizeReport
-from llmd.engine.model.lone_step import MIN_ROWS, MIN_WINDOW, BatchStep, CompiledStep, LoneStep
+from llmd.engine.model.lone_step import MIN_WINDOW, BatchStep, CompiledStep, LoneStep
 from llmd.engine.model.onednn import PackReport, pack_linears, unavailable_reason, unpack_linears
 from llmd.engine.model.request_cache import new_cache
 from llmd.engine.model.static_batch import StaticDecodeBatch
@@ -303,7 +303,7 @@ def check_compiled(batch: StaticDecodeBatch, step: CompiledStep, row_counts: Ite
     one passes, else why not. Scratch work: the column each run writes and the mask are put back,
     and the inputs are token 0 at position 0."""
     if row_counts is None:
-        row_counts = [1] if isinstance(step, LoneStep) else [MIN_ROWS, batch.slots]
+        row_counts = sorted({step.min_rows, step.max_rows})
     windows = list((MIN_WINDOW, batch.capacity - 1) if windows is None else windows)
     batch.input_ids.zero_()
     batch.position_ids.zero_()
