@@ -401,9 +401,27 @@ def _check_vllm_profile(profile: Profile, refuse: typing.Callable[[str, str], No
         refuse("parallel", f"{parallel.nodes} nodes need `master_addr`, the head node's private address")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping.
+
+    Plain YAML keeps the last value, so a profile edited by appending `lone_step: compiled`
+    above a later `lone_step: eager` would silently run eager.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"`{key}` is given twice; only one value can hold", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

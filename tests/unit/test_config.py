@@ -69,6 +69,20 @@ def test_bad_choice_is_refused(tmp_path: Path) -> None:
         load_profile(str(path))
 
 
+def test_a_key_given_twice_is_refused_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("lone_step: compiled\ndevice: cpu\nlone_step: eager\n")
+    with pytest.raises(ConfigError, match=r"(?s)`lone_step` is given twice.*line 3"):
+        load_profile(str(path))
+    path.write_text("parallel:\n  nodes: 2\n  nodes: 1\n")
+    with pytest.raises(ConfigError, match=r"`nodes` is given twice"):
+        load_profile(str(path))
+    settings = tmp_path / "llmd.yaml"
+    settings.write_text("port: 9000\nport: 9100\n")
+    with pytest.raises(ConfigError, match=r"`port` is given twice"):
+        load_settings(settings, {})
+
+
 def test_settings_file_with_flags_winning(tmp_path: Path) -> None:
     path = tmp_path / "llmd.yaml"
     path.write_text("port: 9000\nhost: 127.0.0.2\n")
