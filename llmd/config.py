@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
-import yaml
 from msgspec import Meta
 
 from llmd.errors import ConfigError
 from llmd.shipped import shipped_dir
 from llmd.validation import split_validation_error
+from llmd.yaml_file import read_mapping
 
 PROFILES_DIR = shipped_dir("profiles")
 
@@ -163,7 +163,7 @@ T = TypeVar("T", bound=msgspec.Struct)
 
 def load_settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     """Settings from an optional YAML file, with non-None `overrides` (flags) winning."""
-    values: dict[str, Any] = _read_yaml(path) if path is not None else {}
+    values: dict[str, Any] = read_mapping(path) if path is not None else {}
     values.update({key: value for key, value in overrides.items() if value is not None})
     source = str(path) if path else "command line"
     settings = _convert(values, Settings, source)
@@ -273,7 +273,7 @@ def load_profile(name_or_path: str, gpus: GpuCount = None) -> Profile:
         if not path.is_file():
             shipped = ", ".join(shipped_profiles()) or "none"
             raise ConfigError(f"no profile named `{name_or_path}`; shipped profiles: {shipped}")
-    values = _read_yaml(path)
+    values = read_mapping(path)
     values.setdefault("name", path.stem)
     values, tensor_auto = _take_tensor_auto(values, str(path))
     profile = _convert(values, Profile, str(path))
@@ -399,38 +399,6 @@ def _check_vllm_profile(profile: Profile, refuse: typing.Callable[[str, str], No
         refuse("parallel", f"`node_rank` {parallel.node_rank} is not below `nodes` {parallel.nodes}")
     if parallel.nodes > 1 and not parallel.master_addr:
         refuse("parallel", f"{parallel.nodes} nodes need `master_addr`, the head node's private address")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping.
-
-    Plain YAML keeps the last value, so a profile edited by appending `lone_step: compiled`
-    above a later `lone_step: eager` would silently run eager.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"`{key}` is given twice; only one value can hold", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
-    return loaded
 
 
 def _convert(values: dict[str, Any], kind: type[T], source: str) -> T:
