@@ -30,11 +30,17 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each item with its tier; skip the gpu tier where CUDA is not available."""
+    """Mark each item with its tier; skip the gpu tier where CUDA is not available, and `slow`
+    tests unless LLMD_SLOW=1 (`scripts/dev test slow`; CI runs them as a step of their own)."""
     tiers = {item: tier_of(item) for item in items}
     for item, tier in tiers.items():
         if tier is not None:
             item.add_marker(tier)
+    if os.environ.get("LLMD_SLOW") != "1":
+        skip_slow = pytest.mark.skip(reason="slow: `scripts/dev test slow` runs it")
+        for item in items:
+            if item.get_closest_marker("slow") is not None:
+                item.add_marker(skip_slow)
     if "gpu" in tiers.values() and not cuda_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in (item for item, tier in tiers.items() if tier == "gpu"):

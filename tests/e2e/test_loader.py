@@ -11,7 +11,7 @@ from tests.helpers.configs import nf4_cpu_profile
 from tests.helpers.daemon import start_daemon
 
 
-@pytest.mark.parametrize("profile", ["nf4", "cpu-int8"])
+@pytest.mark.parametrize("profile", ["nf4", pytest.param("cpu-int8", marks=pytest.mark.slow)])
 def test_a_quantized_profile_serves_a_request(tiny_model: Path, tmp_path: Path, profile: str) -> None:
     chosen = str(nf4_cpu_profile(tmp_path)) if profile == "nf4" else profile
     daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", chosen)

@@ -313,10 +313,10 @@ def test_an_interrupted_build_leaves_nothing_behind(monkeypatch: pytest.MonkeyPa
 # --- the benchmark sizes -----------------------------------------------------------------
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("size", "low", "high"), [("small", 20e6, 30e6), ("medium", 95e6, 125e6)], ids=["small", "medium"]
-)
+@pytest.mark.parametrize(("size", "low", "high"), [
+    pytest.param("small", 20e6, 30e6, id="small"),
+    pytest.param("medium", 95e6, 125e6, id="medium", marks=pytest.mark.slow),
+])
 def test_larger_sizes_walk_the_cycle_for_1024_tokens(
     tmp_path: Path, size: str, low: float, high: float
 ) -> None:

@@ -209,6 +209,7 @@ def test_max_autotune_compiles_gemm_template_matmuls_that_decode_as_the_eager_wa
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_max_autotune_takes_int8_layers_onto_the_gemm_template_too(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
