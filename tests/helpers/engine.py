@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -20,7 +20,8 @@ from msgspec.structs import replace
 from llmd.config import Profile, load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
-from llmd.engine.types import Request, SamplingParams
+from llmd.engine.model.sampling import SequenceState
+from llmd.engine.types import Request, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
 
 T = TypeVar("T")
@@ -34,17 +35,21 @@ def greedy(max_tokens: int, **kwargs: object) -> SamplingParams:
 
 
 def record_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[torch.Tensor]]:
-    """Capture the logits each request samples from, keyed by its (distinct) max_tokens."""
-    import llmd.engine.model.sampling as sampling_module
+    """Capture the logits each request's token is chosen from, keyed by its (distinct) max_tokens.
+
+    Recorded where every row passes, sampled or greedy from the batch's argmax: `accept`, as the
+    model gave them (before the request's own steering)."""
+    import llmd.engine.model.sequences as sequences_module
 
     seen: dict[int, list[torch.Tensor]] = {}
-    real_sample = sampling_module.sample
+    real_accept = sequences_module.accept
 
-    def recording_sample(logits: torch.Tensor, params: SamplingParams, *rest: object) -> int:
+    def recording_accept(state: SequenceState, params: SamplingParams, logits: torch.Tensor,
+                         *rest: Any) -> Sampled:
         seen.setdefault(params.max_tokens, []).append(logits.clone())
-        return real_sample(logits, params, *rest)  # type: ignore[arg-type]
+        return real_accept(state, params, logits, *rest)
 
-    monkeypatch.setattr(sampling_module, "sample", recording_sample)
+    monkeypatch.setattr(sequences_module, "accept", recording_accept)
     return seen
 
 

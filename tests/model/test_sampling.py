@@ -6,10 +6,13 @@ import pytest
 import torch
 
 from llmd.engine.model.sampling import (
+    SequenceState,
+    accept,
     apply_penalties,
     generator_seed,
     keep_top_k,
     keep_top_p,
+    row_maxima,
     sample,
     usable_rows,
 )
@@ -111,6 +114,25 @@ def test_a_masked_token_is_usable_but_nan_or_inf_is_not() -> None:
     rows = torch.tensor([[1.0, float("-inf"), 0.0], [1.0, float("nan"), 0.0],
                          [float("inf"), 0.0, 0.0], [float("-inf")] * 3])
     assert usable_rows(rows) == [True, False, False, False]
+
+
+def test_one_reduction_gives_each_row_its_usability_and_argmax_first_on_a_tie() -> None:
+    rows = torch.tensor([[1.0, 3.0, 3.0], [float("nan"), 5.0, 0.0], [-1.0, -2.0, -0.5]])
+    usable, argmax = row_maxima(rows)
+    assert usable == [True, False, True] and argmax[0] == 1 and argmax[2] == 2
+
+
+def test_a_greedy_row_takes_the_batch_argmax_unless_something_steers_or_penalises_it() -> None:
+    def first(params: SamplingParams, argmax: int) -> int | object:
+        state = SequenceState.start(params, [1, 2], vocab_size=5, device=torch.device("cpu"))
+        return accept(state, params, LOGITS, True, None, argmax)
+
+    # the argmax handed in is taken as is: nothing recomputes it
+    assert first(SamplingParams(max_tokens=1, temperature=0.0), 3) == 3
+    # a bias, a penalty or a sampling temperature go through steer and sample on the logits
+    assert first(SamplingParams(max_tokens=1, temperature=0.0, logit_bias=((2, 100.0),)), 0) == 2
+    assert first(SamplingParams(max_tokens=1, temperature=0.0, presence_penalty=1.0), 3) == 0
+    assert first(SamplingParams(max_tokens=1, temperature=0.0, repetition_penalty=1.5), 3) == 0
 
 
 SEEDS = [0, 1, 2**32, 2**32 + 1, 2**63, 2**64 - 1]

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.profiler import record_function
 
-from llmd.engine.model.sampling import Sampler, SequenceState, accept, score, usable_rows
+from llmd.engine.model.sampling import Sampler, SequenceState, accept, row_maxima, score
 from llmd.engine.types import RawScores, Request, Sampled, SamplingParams, StepResult
 
 # The profiler range a step's sampling runs in: `scripts/profile_step.py` (llmd/bench/step_split.py)
@@ -58,19 +58,19 @@ class Sequences:
         """Sample each batch row's next token; returned in `requests` order."""
         params = {request.request_id: request.params for request in requests}
         with sampling_range():
-            usable = usable_rows(logits)
+            usable, argmax = row_maxima(logits)
             tokens: dict[str, Sampled] = {}
             for row, request_id in enumerate(rows):
                 state = self._states[request_id]
                 state.position += 1
                 tokens[request_id] = self._accept(request_id, state, params[request_id], logits[row],
-                                                  usable[row], sampler)
+                                                  usable[row], sampler, argmax[row])
         return [tokens[request.request_id] for request in requests]
 
     def _accept(self, request_id: str, state: SequenceState, params: SamplingParams, logits: torch.Tensor,
-                usable: bool, sampler: Sampler | None) -> Sampled:
+                usable: bool, sampler: Sampler | None, argmax: int | None = None) -> Sampled:
         """`accept`, and the token's logprobs kept in the step's result when the request asks."""
-        token = accept(state, params, logits, usable, sampler)
+        token = accept(state, params, logits, usable, sampler, argmax)
         if params.logprobs is not None and isinstance(token, int):
             self.result.scores[request_id] = score(logits, token, params.logprobs)
         return token
