@@ -32,9 +32,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_mapping(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file (empty for an empty file); `ConfigError` otherwise."""
     try:
-        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        with path.open(encoding="utf-8") as stream:  # a stream: YAML's marks name the file
+            loaded = yaml.load(stream, Loader=_UniqueKeyLoader)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if loaded is None:

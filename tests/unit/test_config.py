@@ -83,6 +83,13 @@ def test_a_key_given_twice_is_refused_not_overwritten(tmp_path: Path) -> None:
         load_settings(settings, {})
 
 
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"device: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 8"):
+        load_profile(str(path))
+
+
 def test_settings_file_with_flags_winning(tmp_path: Path) -> None:
     path = tmp_path / "llmd.yaml"
     path.write_text("port: 9000\nhost: 127.0.0.2\n")
