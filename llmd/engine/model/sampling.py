@@ -185,7 +185,6 @@ def steer(state: SequenceState, params: SamplingParams, logits: torch.Tensor) ->
         return logits
     logits = logits.float().clamp(-LOGIT_BOUND, LOGIT_BOUND)
     if state.held_back is not None and state.generated < params.min_tokens:
-        assert state.held_back is not None
         logits = logits.index_fill(0, state.held_back, float("-inf"))
     if state.bias is not None:
         logits = logits.index_add(0, *state.bias)
