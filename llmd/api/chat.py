@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -13,14 +13,14 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
-from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
+from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.reply import Message, ReplyParser, ReplyShape
 from llmd.api.response_format import reply_constraint, thinking_at_start
 from llmd.api.sampling import sampling_params
-from llmd.api.sse import sse_response
+from llmd.api.sse import pushed_sse_response
 from llmd.api.tool_grammar import Thinking
 from llmd.api.tools import (
     ToolRequest,
@@ -95,8 +95,8 @@ async def create_chat_completion(
     logprobs = params.logprobs is not None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream_chunks(streams, meta, include_usage, logprobs)
-        return sse_response(chunks, metrics.observe_error)
+        chunks = ChatChunks(streams, meta, include_usage, logprobs)
+        return pushed_sse_response(request, streams, chunks, metrics.observe_error)
     with closing_all(streams):
         generated = await unless_disconnected(request, collect_all(streams, logprobs))
     return Response(chat_completion(meta, generated, streams))
@@ -258,28 +258,43 @@ def to_sampling_params(body: ChatCompletionRequest, max_tokens: int,
     )
 
 
-async def stream_chunks(streams: Sequence[TokenStream], meta: CompletionMeta, include_usage: bool,
-                        logprobs: bool) -> AsyncIterator[ChatCompletionChunk]:
-    """Every choice's role chunk (index order), a chunk per step with new text, each choice's
-    finish chunk, then usage. With `logprobs`, a chunk carries the tokens since its choice's last
-    chunk: a token whose text is still an incomplete character goes with the next one."""
-    with closing_all(streams):
-        for index in range(len(streams)):
-            yield chunk(meta, index, Delta(role="assistant", content=""))
-        held: list[list[TokenLogprobs]] | None = [[] for _ in streams] if logprobs else None
-        parsers = [meta.parser() for _ in streams] if meta.shape.parsed else None
-        async for index, event in merged_events(streams):
-            if held is not None and event.logprobs is not None:
-                held[index].append(event.logprobs)
-            parser = parsers[index] if parsers is not None else None
-            for delta in reply_deltas(parser, event):
-                yield chunk(meta, index, delta, None, release(held, index))
-            if event.finish_reason is not None:
-                reason = meta.finish_reason(event.finish_reason.value, parser)
-                yield chunk(meta, index, Delta(), reason, release(held, index))
-        if include_usage:
-            yield ChatCompletionChunk(meta.id, [], meta.created, meta.model,
-                                      usage=usage(meta, streams, parsers))
+class ChatChunks:
+    """The chunks of a streamed chat completion (`sse.Chunker`): every choice's role chunk (index
+    order), then a chunk per event with new text, each choice's finish chunk, then usage. With
+    `logprobs`, a chunk carries the tokens since its choice's last chunk: a token whose text is
+    still an incomplete character goes with the next one."""
+
+    def __init__(self, streams: Sequence[TokenStream], meta: CompletionMeta, include_usage: bool,
+                 logprobs: bool) -> None:
+        self.streams = streams
+        self.meta = meta
+        self.include_usage = include_usage
+        self.held: list[list[TokenLogprobs]] | None = [[] for _ in streams] if logprobs else None
+        self.parsers = [meta.parser() for _ in streams] if meta.shape.parsed else None
+
+    def opening(self) -> list[ChatCompletionChunk]:
+        """Each choice's role chunk."""
+        role = Delta(role="assistant", content="")
+        return [chunk(self.meta, index, role) for index in range(len(self.streams))]
+
+    def feed(self, index: int, event: TokenEvent) -> list[ChatCompletionChunk]:
+        """Choice `index`'s deltas from one event, and its finish chunk on the last."""
+        if self.held is not None and event.logprobs is not None:
+            self.held[index].append(event.logprobs)
+        parser = self.parsers[index] if self.parsers is not None else None
+        made = [chunk(self.meta, index, delta, None, release(self.held, index))
+                for delta in reply_deltas(parser, event)]
+        if event.finish_reason is not None:
+            reason = self.meta.finish_reason(event.finish_reason.value, parser)
+            made.append(chunk(self.meta, index, Delta(), reason, release(self.held, index)))
+        return made
+
+    def closing(self) -> list[ChatCompletionChunk]:
+        """The usage chunk, when asked."""
+        if not self.include_usage:
+            return []
+        meta, counted = self.meta, usage(self.meta, self.streams, self.parsers)
+        return [ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=counted)]
 
 
 def reply_deltas(parser: ReplyParser | None, event: TokenEvent) -> list[Delta]:

@@ -1,16 +1,16 @@
 """A request's choices, read side by side: `n` chat choices, `n` or `best_of` per completions prompt.
 
-Each choice is its own engine stream. Streamed, their events are merged as they come, each tagged
-with its choice's index; not streamed, each is collected whole (`Generated`), and a failing one
-stops the reading of all. Either way every stream is left on the way out, so an unfinished one
-is aborted (a vanished client frees every slot it held).
+Each choice is its own engine stream. Streamed, their events are pushed into the response as
+they come (api/sse.py `PushedEvents`); not streamed, each is collected whole (`Generated`), and a
+failing one stops the reading of all. Either way every stream is left on the way out, so an
+unfinished one is aborted (a vanished client frees every slot it held).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -78,33 +78,6 @@ async def collect_all(streams: Sequence[TokenStream], logprobs: bool) -> list[Ge
     finally:
         for reader in readers:
             reader.cancel()
-
-
-async def merged_events(streams: Sequence[TokenStream]) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """Every stream's events tagged with its index, as they come (one stream: read directly).
-
-    Events that are ready together come in index order.
-    """
-    if len(streams) == 1:
-        async for event in streams[0]:
-            yield 0, event
-        return
-    readers = [aiter(stream) for stream in streams]
-    pending = {asyncio.ensure_future(anext(reader)): i for i, reader in enumerate(readers)}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=pending.__getitem__):
-                index = pending.pop(task)
-                try:
-                    event = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(anext(readers[index]))] = index
-                yield index, event
-    finally:
-        for task in pending:
-            task.cancel()
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgspec
@@ -20,11 +20,11 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from llmd.api.chat import check_model, decoded
-from llmd.api.choices import Generated, closing_all, collect_all, merged_events, unless_disconnected
+from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
 from llmd.api.sampling import sampling_params
-from llmd.api.sse import sse_response
+from llmd.api.sse import pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
 from llmd.errors import InvalidRequest
@@ -88,8 +88,8 @@ async def create_completion(
     streams = submit_all(engine, prompts, params, options)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
-        chunks = stream_text(streams, prompts, meta, options, include_usage)
-        return sse_response(chunks, metrics.observe_error)
+        chunks = TextChunks(streams, prompts, meta, options, include_usage)
+        return pushed_sse_response(request, streams, chunks, metrics.observe_error)
     with closing_all(streams):
         kept_logprobs = options.logprobs is not None or options.ranked
         generated = await unless_disconnected(request, collect_all(streams, kept_logprobs))
@@ -242,21 +242,35 @@ def streamed_choices(prompts: list[CompletionPrompt], options: TextOptions) -> l
             for prompt in prompts for _ in range(options.n)]
 
 
-async def stream_text(streams: list[TokenStream], prompts: list[CompletionPrompt], meta: TextMeta,
-                      options: TextOptions, include_usage: bool) -> AsyncIterator[Completion]:
-    """Each choice's echoed prompt, a chunk per step with new text or a finish, then usage.
+class TextChunks:
+    """The chunks of a streamed text completion (`sse.Chunker`): each choice's echoed prompt, a
+    chunk per event with new text or a finish, then usage. Echoed with logprobs, a choice's
+    prompt waits for its first event (which carries them)."""
 
-    Echoed with logprobs, a choice's prompt waits for its first event (which carries them).
-    """
-    with closing_all(streams):
-        choices = streamed_choices(prompts, options)
-        for index, choice in enumerate(choices if options.echo and options.logprobs is None else ()):
-            yield chunk(meta, CompletionChoice(choice.prompt.text, index))
-        async for index, event in merged_events(streams):
-            for piece in event_chunks(meta, index, choices[index], event):
-                yield piece
-        if include_usage:
-            yield Completion(meta.id, [], meta.created, meta.model, usage=usage(prompts, streams))
+    def __init__(self, streams: list[TokenStream], prompts: list[CompletionPrompt], meta: TextMeta,
+                 options: TextOptions, include_usage: bool) -> None:
+        self.streams = streams
+        self.prompts = prompts
+        self.meta = meta
+        self.include_usage = include_usage
+        self.echo_now = options.echo and options.logprobs is None
+        self.choices = streamed_choices(prompts, options)
+
+    def opening(self) -> list[Completion]:
+        """The echoed prompts that need not wait for their logprobs."""
+        echoed = enumerate(self.choices if self.echo_now else [])
+        return [chunk(self.meta, CompletionChoice(choice.prompt.text, index)) for index, choice in echoed]
+
+    def feed(self, index: int, event: TokenEvent) -> list[Completion]:
+        """Choice `index`'s chunks from one event."""
+        return list(event_chunks(self.meta, index, self.choices[index], event))
+
+    def closing(self) -> list[Completion]:
+        """The usage chunk, when asked."""
+        if not self.include_usage:
+            return []
+        meta = self.meta
+        return [Completion(meta.id, [], meta.created, meta.model, usage=usage(self.prompts, self.streams))]
 
 
 def event_chunks(meta: TextMeta, index: int, choice: StreamedChoice, event: TokenEvent

@@ -10,7 +10,9 @@ connections until the descriptors run out. This protocol adds, per connection:
 - past `max_connections` open connections a request is answered 503 + Retry-After;
 - a client that half-closes after its request still gets the whole response;
 - an HTTP/1.0 response without Content-Length is close-delimited, never chunked;
-- every error the connection itself sends is in the OpenAI shape.
+- every error the connection itself sends is in the OpenAI shape;
+- an HTTP/1.1 request's scope offers the `BODY_WRITER` extension (api/sse.py): a streamed
+  response writes each event to the socket from the callback that makes it, not by ASGI message.
 
 A refusal is written, the sending side shut, and the rest of what the client sends is read
 and dropped for a moment before the close, so the client reads the answer instead of a reset.
@@ -30,6 +32,7 @@ from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallab
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from llmd.api.errors import error_body
+from llmd.api.sse import BODY_WRITER, BodyWriter
 from llmd.config import Settings
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 
@@ -111,6 +114,22 @@ def close_delimited(app: ASGI3Application, cycle: RequestResponseCycle) -> ASGI3
         await app(scope, receive, lambda message: send_close_delimited(message, send))
 
     return run
+
+
+def body_writer(cycle: RequestResponseCycle) -> BodyWriter:
+    """Writes bytes at once as the next chunk of `cycle`'s chunked body, as uvicorn's `send` of a
+    body message would, or returns False having written nothing: the response not started, not
+    chunked (HTTP/1.0) or complete, the client gone, or its socket full (uvicorn's flow control
+    paused writing; the caller's ASGI send then waits for the client like any other)."""
+
+    def write(data: bytes) -> bool:
+        if not cycle.response_started or not cycle.chunked_encoding or cycle.response_complete \
+                or cycle.disconnected or cycle.flow.write_paused:
+            return False
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+    return write
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -206,6 +225,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                                          "open; retry shortly", retry_after=1, code="too_many_connections"))
         elif cycle.scope["http_version"] == "1.0":
             app = close_delimited(app, cycle)
+        else:
+            cycle.scope.setdefault("extensions", {})[BODY_WRITER] = {"write": body_writer(cycle)}
         super()._start_asgi_task(cycle, app)
 
     def refuse(self, error: LlmdError) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from llmd.engine.front import EngineFront
 from llmd.engine.heartbeat import Heartbeat
-from llmd.engine.stream import GenerationStream
+from llmd.engine.stream import EventSink, GenerationStream
 from llmd.engine.tool_format import ChatFormat
 from llmd.engine.types import (
     CompletionPrompt,
@@ -49,6 +49,11 @@ class TokenStream(Protocol):
         ...
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
+
+    def listen(self, sink: EventSink) -> None:
+        """Push every event to `sink` as it comes instead of being read; an error that ends the
+        request is its last call (see `GenerationStream.listen`)."""
+        ...
 
     def __enter__(self) -> TokenStream: ...
 
@@ -211,10 +216,17 @@ class EngineClient(EngineFront):
         self._loop.call_soon_threadsafe(self._dispatch, batch)
 
     def _dispatch(self, batch: list[tuple[str, TokenEvent]]) -> None:
+        """One step's events to their streams, one loop wake for all of them. A sink that fails
+        ends its own request, never another's delivery."""
         for request_id, event in batch:
             stream = self._streams.get(request_id)
-            if stream is not None:
-                stream.events.put_nowait(event)
+            if stream is None:
+                continue
+            try:
+                stream.deliver(event)
+            except Exception:
+                log.exception("delivering %s's event failed", request_id)
+                stream.close()
 
     def _ready_from_worker(self) -> None:
         assert self._loop is not None

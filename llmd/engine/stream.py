@@ -1,8 +1,10 @@
 """One submitted request's events as the API reads them: an async iterator and a context manager.
 
-`EngineClient` fills `events` from the worker's deliveries; leaving the stream before its last
-event calls back `on_close`, which aborts the request in the worker. Timing stamps and the
-outcome are kept for the request's log line and the metrics.
+The engine hands each event to `deliver` on the event loop (`EngineClient` from the worker's
+deliveries). They wait in `events` for the reader, or, once a sink `listen`s, go straight to it
+as they come: a streamed response made by callback, with no task woken per token. Leaving the
+stream before its last event calls back `on_close`, which aborts the request in the worker.
+Timing stamps and the outcome are kept for the request's log line and the metrics.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import NoReturn
 
 from llmd.engine.types import TokenEvent
 from llmd.errors import EngineFailure, LlmdError
+
+# Takes each event of a stream as it comes, or the error that ended it (its last call either way).
+EventSink = Callable[[TokenEvent | LlmdError], None]
 
 
 class GenerationStream:
@@ -39,6 +43,7 @@ class GenerationStream:
         self.done = False
         self._on_close = on_close
         self._closed = False
+        self._sink: EventSink | None = None
 
     def __aiter__(self) -> GenerationStream:
         return self
@@ -46,36 +51,58 @@ class GenerationStream:
     async def __anext__(self) -> TokenEvent:
         if self.done:
             raise StopAsyncIteration
-        event = await self.events.get()
-        if isinstance(event, LlmdError):
-            self._end_with(event)
+        item = self._account(await self.events.get())
+        if isinstance(item, LlmdError):
+            raise item
+        return item
+
+    def deliver(self, item: TokenEvent | LlmdError) -> None:
+        """The engine's next event for this request, or an error that ends it: to the sink that
+        listens, else kept for the reader. Nothing reaches a sink after the stream's end."""
+        if self._sink is None:
+            self.events.put_nowait(item)
+        elif not self.done:
+            self._sink(self._account(item))
+
+    def listen(self, sink: EventSink) -> None:
+        """From now on push every event to `sink` as it is delivered (those kept so far first),
+        instead of being read; an error that ends the request is its last call."""
+        while not self.events.empty() and not self.done:
+            sink(self._account(self.events.get_nowait()))
+        self._sink = sink
+
+    def fail(self, error: LlmdError) -> None:
+        """End the request with `error`, raised to whoever reads the stream next."""
+        self.deliver(error)
+
+    def _account(self, item: TokenEvent | LlmdError) -> TokenEvent | LlmdError:
+        """Note one delivered item's timing and outcome; an event that carries the engine's error
+        comes back as that error (`EngineFailure`)."""
+        if isinstance(item, LlmdError):
+            return self._ended_by(item)
         now = time.monotonic()
-        if event.queued_seconds is not None:
-            self.queued_seconds = event.queued_seconds
-        if event.cached_tokens is not None:
-            self.cached_tokens = event.cached_tokens
-        if event.completion_tokens > self.completion_tokens:
+        if item.queued_seconds is not None:
+            self.queued_seconds = item.queued_seconds
+        if item.cached_tokens is not None:
+            self.cached_tokens = item.cached_tokens
+        if item.completion_tokens > self.completion_tokens:
             if self.first_token_at is None:
                 self.first_token_at = now
             elif self.last_event_at is not None:
                 self.token_gaps.append(now - self.last_event_at)
             self.last_event_at = now
-            self.completion_tokens = event.completion_tokens
-        self.done = event.finish_reason is not None
-        if event.finish_reason is not None:
-            self.finish_reason = event.finish_reason.value
-        if event.error is not None:
-            self._end_with(EngineFailure(event.error))
-        return event
+            self.completion_tokens = item.completion_tokens
+        self.done = item.finish_reason is not None
+        if item.finish_reason is not None:
+            self.finish_reason = item.finish_reason.value
+        if item.error is not None:
+            return self._ended_by(EngineFailure(item.error))
+        return item
 
-    def fail(self, error: LlmdError) -> None:
-        """End the request with `error`, raised to whoever reads the stream next."""
-        self.events.put_nowait(error)
-
-    def _end_with(self, error: LlmdError) -> NoReturn:
+    def _ended_by(self, error: LlmdError) -> LlmdError:
         self.done = True
         self.error = error.message
-        raise error
+        return error
 
     @property
     def outcome(self) -> str:

@@ -20,6 +20,7 @@ from llmd.engine.client import Engine
 from llmd.engine.front import choice_seed
 from llmd.engine.grammar import CompiledGrammar, validated
 from llmd.engine.prompts import context_budget
+from llmd.engine.stream import EventSink
 from llmd.engine.tool_format import PLAIN, ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
@@ -92,9 +93,22 @@ class FakeStream:
     cached_tokens: int = 0  # a fake has no prefix cache
     closed: bool = False
     finished: bool = False
+    pusher: asyncio.Task[None] | None = None  # while a sink listens
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]:
         return self.events()
+
+    def listen(self, sink: EventSink) -> None:
+        """Push the events to `sink` from a task of their own, as an engine delivers them."""
+
+        async def push() -> None:
+            try:
+                async for event in self.events():
+                    sink(event)
+            except LlmdError as exc:
+                sink(exc)
+
+        self.pusher = asyncio.ensure_future(push())
 
     async def events(self) -> AsyncIterator[TokenEvent]:
         """One event per piece up to `max_tokens` (the last carrying the finish reason)."""
@@ -126,6 +140,8 @@ class FakeStream:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.closed = True
+        if self.pusher is not None:
+            self.pusher.cancel()
 
 
 def finish_reason(produced: int, max_tokens: int) -> FinishReason:

@@ -1,11 +1,11 @@
-"""A request's choices read side by side (llmd/api/choices.py): the merge's order, collecting, ranking."""
+"""A request's choices read side by side (llmd/api/choices.py): collecting, ranking."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-from llmd.api.choices import Generated, collect, collect_all, merged_events
+from llmd.api.choices import Generated, collect, collect_all
 from llmd.api.completions import TextOptions, kept
 from llmd.api.logprobs import Scored
 from llmd.engine.types import FinishReason, Logprob, SamplingParams, TokenEvent, TokenLogprobs
@@ -14,20 +14,6 @@ from tests.helpers.fake_engine import FakeStream, fake_logprobs
 
 def stream(pieces: Sequence[str], logprobs: int | None = None) -> FakeStream:
     return FakeStream(pieces, 16, params=SamplingParams(max_tokens=16, logprobs=logprobs))
-
-
-async def merge(streams: Sequence[FakeStream]) -> list[tuple[int, str]]:
-    return [(index, event.text) async for index, event in merged_events(streams)]
-
-
-def test_events_ready_together_come_in_index_order() -> None:
-    merged = asyncio.run(merge([stream("ab"), stream("cd"), stream("e")]))
-    assert merged == [(0, "a"), (1, "c"), (2, "e"), (0, "b"), (1, "d")]
-    assert [text for index, text in merged if index == 0] == ["a", "b"]  # each choice in its own order
-
-
-def test_one_stream_is_read_directly() -> None:
-    assert asyncio.run(merge([stream("xyz")])) == [(0, "x"), (0, "y"), (0, "z")]
 
 
 def test_collect_keeps_logprobs_only_when_asked() -> None:

@@ -196,7 +196,7 @@ class VllmEngine(EngineFront):
                                       self._prompt_scorer(prompt_ids, params))
                 async for event in events:
                     self._producing.add(request_id)
-                    stream.events.put_nowait(event)
+                    stream.deliver(event)
         except Exception as exc:
             self._request_failed(launched, stream, exc)
         finally:
