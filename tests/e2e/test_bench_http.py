@@ -9,16 +9,14 @@ import contextlib
 import itertools
 import json
 import socket
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 
 from llmd.bench import command
-from tests.helpers.waiting import wait_until
+from tests.helpers.uvicorn_thread import served_on_loopback
 
 Message = dict[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -223,21 +221,8 @@ class Served:
 @contextlib.contextmanager
 def serving(app: FakeOpenAI) -> Iterator[Served]:
     """`app` served by real uvicorn on a loopback port until the block ends."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, lifespan="off", ws="none", http="h11", loop="asyncio",
-                            log_level="critical", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_until("the fake server up", lambda: server.started or not thread.is_alive())
-    assert server.started, "fake server did not start"
-    try:
-        yield Served(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", app)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with served_on_loopback(app, http="h11", loop="asyncio") as port:
+        yield Served(f"http://127.0.0.1:{port}/v1", app)
 
 
 @pytest.fixture(scope="module")

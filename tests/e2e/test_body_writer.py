@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import uvicorn
 
 from llmd.api.connection import connection_protocol
 from llmd.api.sse import BODY_WRITER
 from llmd.config import Settings
-from tests.helpers.waiting import wait_until
+from tests.helpers.uvicorn_thread import served_on_loopback
 
 
 class WritingApp:
@@ -40,24 +37,9 @@ class WritingApp:
         self.results.append((early, middle, write(b"too late\n")))
 
 
-@contextlib.contextmanager
-def serving(app: WritingApp) -> Iterator[int]:
+def serving(app: WritingApp) -> contextlib.AbstractContextManager[int]:
     """`app` on real uvicorn with llmd's connection protocol, on a loopback port (yielded)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, lifespan="off", ws="none", http=connection_protocol(Settings()),
-                            log_level="critical", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_until("the server up", lambda: server.started or not thread.is_alive())
-    assert server.started, "server did not start"
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    return served_on_loopback(app, http=connection_protocol(Settings()))
 
 
 def test_written_chunks_arrive_in_order_between_asgi_s_and_only_while_the_body_is_open() -> None:
