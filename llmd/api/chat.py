@@ -15,6 +15,7 @@ from litestar.response import Stream
 
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
+from llmd.api.errors import ErrorResponse, error_body
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.reply import Message, ReplyParser, ReplyShape
@@ -39,7 +40,7 @@ from llmd.engine.types import (
     TokenEvent,
     TokenLogprobs,
 )
-from llmd.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
+from llmd.errors import InvalidRequest, LlmdError, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -289,12 +290,16 @@ class ChatChunks:
             made.append(chunk(self.meta, index, Delta(), reason, release(self.held, index)))
         return made
 
-    def closing(self) -> list[ChatCompletionChunk]:
+    async def closing(self) -> list[ChatCompletionChunk]:
         """The usage chunk, when asked."""
         if not self.include_usage:
             return []
         meta, counted = self.meta, usage(self.meta, self.streams, self.parsers)
         return [ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=counted)]
+
+    def failed(self, error: LlmdError) -> list[ErrorResponse]:
+        """The error event that ends a stream stopped midway."""
+        return [error_body(error)]
 
 
 def reply_deltas(parser: ReplyParser | None, event: TokenEvent) -> list[Delta]:

@@ -22,12 +22,13 @@ from litestar.response import Stream
 from llmd.api.chat import check_model, decoded
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
+from llmd.api.errors import ErrorResponse, error_body
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
 from llmd.api.sampling import sampling_params
 from llmd.api.sse import pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
-from llmd.errors import InvalidRequest
+from llmd.errors import InvalidRequest, LlmdError
 from llmd.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
@@ -265,12 +266,16 @@ class TextChunks:
         """Choice `index`'s chunks from one event."""
         return list(event_chunks(self.meta, index, self.choices[index], event))
 
-    def closing(self) -> list[Completion]:
+    async def closing(self) -> list[Completion]:
         """The usage chunk, when asked."""
         if not self.include_usage:
             return []
         meta = self.meta
         return [Completion(meta.id, [], meta.created, meta.model, usage=usage(self.prompts, self.streams))]
+
+    def failed(self, error: LlmdError) -> list[ErrorResponse]:
+        """The error event that ends a stream stopped midway."""
+        return [error_body(error)]
 
 
 def event_chunks(meta: TextMeta, index: int, choice: StreamedChoice, event: TokenEvent

@@ -4,10 +4,10 @@ Every event is `data: <json>\\n\\n`, JSON encoded by msgspec, written the moment
 failure after the first byte becomes one error event (counted, as an error response would be);
 `[DONE]` always ends an OpenAI stream.
 
-Chat and text completions are pushed (`pushed_sse_response`): each engine event is framed in the
-callback that delivers it and written straight to the connection, so a token costs no task
-switch, no async generator and no ASGI message. Other streams are async iterators of payloads
-(`sse_response`, `named_sse_response`), one body write per item.
+Chat and text completions and the Responses API are pushed (`pushed_sse_response`): each engine
+event is framed in the callback that delivers it and written straight to the connection, so a
+token costs no task switch, no async generator and no ASGI message. `/infill` is an async
+iterator of payloads (`sse_response`), one body write per item.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -65,32 +66,20 @@ def named_event(payload: TypedEvent) -> bytes:
     return b"event: " + payload.type.encode() + b"\ndata: " + _encoder.encode(payload) + b"\n\n"
 
 
-def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
-          done: bool = True) -> AsyncIterator[bytes]:
-    """SSE bytes for `chunks`, ending in `[DONE]` (unless not `done`) whether or not they fail midway."""
-    return framed(chunks, event, error_body, count_error, DONE if done else None)
-
-
-async def framed(chunks: AsyncIterator[Any], encode: Callable[[Any], bytes],
-                 failed: Callable[[LlmdError], Any], count_error: ErrorCounter | None,
-                 last: bytes | None = None) -> AsyncIterator[bytes]:
-    """`chunks` encoded one by one; a failure midway ends them with `failed`'s event (counted);
-    `last`, when given, always closes the stream. One generator: every chunk is one step of it."""
-    failure: LlmdError | None = None
+async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
+                done: bool = True) -> AsyncIterator[bytes]:
+    """SSE bytes for `chunks`, one event each; a failure midway ends them with one error event
+    (counted), and `[DONE]` (unless not `done`) closes them whether or not they failed."""
     try:
         async for chunk in chunks:
-            yield encode(chunk)
-    except LlmdError as exc:
-        failure = exc
+            yield event(chunk)
     except Exception as exc:
-        log.exception("stream failed")
-        failure = EngineFailure(f"stream failed: {type(exc).__name__}")
-    if failure is not None:
+        error = failure(exc)
         if count_error is not None:
-            count_error(failure.code or failure.error_type)
-        yield encode(failed(failure))
-    if last is not None:
-        yield last
+            count_error(error.code or error.error_type)
+        yield event(error_body(error))
+    if done:
+        yield DONE
 
 
 def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
@@ -108,39 +97,51 @@ def named_events(batch: Sequence[TypedEvent]) -> bytes:
     return b"".join(named_event(payload) for payload in batch)
 
 
-def named_sse_response(events: AsyncIterator[Sequence[TypedEvent]],
-                       failed: Callable[[LlmdError], Sequence[TypedEvent]],
-                       count_error: ErrorCounter | None = None) -> Stream:
-    """A `text/event-stream` of named events (the Responses API's), each batch of events made
-    together sent as one write; a failure midway ends it with `failed`'s events, and nothing
-    follows the last event."""
-    body = framed(events, named_events, failed, count_error)
-    return Stream(body, media_type="text/event-stream", headers=HEADERS)
-
-
 class Chunker(Protocol):
     """What a pushed response makes of its choices' events (`pushed_sse_response`)."""
 
-    def opening(self) -> Sequence[Payload]:
+    def opening(self) -> Sequence[Any]:
         """The chunks sent before any event."""
         ...
 
-    def feed(self, index: int, event: TokenEvent) -> Sequence[Payload]:
+    def feed(self, index: int, event: TokenEvent) -> Sequence[Any]:
         """The chunks choice `index`'s next event makes."""
         ...
 
-    def closing(self) -> Sequence[Payload]:
-        """The chunks sent once every choice has finished (before `[DONE]`)."""
+    async def closing(self) -> Sequence[Any]:
+        """Once every choice has finished: the chunks that follow the last event's, which wait
+        for it (a stored response is saved here, before its client hears it is complete)."""
+        ...
+
+    def failed(self, error: LlmdError) -> Sequence[Any]:
+        """The chunks that end the response when `error` stops it midway."""
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Framing:
+    """How a pushed response's chunks become bytes (`encode`), and what always ends it (`last`)."""
+
+    encode: Callable[[Sequence[Any]], bytes]
+    last: bytes = b""
+
+
+def frames(payloads: Sequence[Payload]) -> bytes:
+    """`payloads` as consecutive `data:` events."""
+    return b"".join(event(payload) for payload in payloads)
+
+
+OPENAI_EVENTS = Framing(frames, DONE)  # chat and text completions: `data:` events, then `[DONE]`
+NAMED_EVENTS = Framing(named_events)  # the Responses API: named events, nothing after the last
+
+
 def pushed_sse_response(request: Request, streams: Sequence[TokenStream], chunker: Chunker,
-                        count_error: ErrorCounter | None = None) -> Stream:
+                        count_error: ErrorCounter | None = None, framing: Framing = OPENAI_EVENTS) -> Stream:
     """A `text/event-stream` written by `streams`' events as the engine delivers them
     (`PushedEvents`); `chunker` makes the chunks, `count_error` hears of an in-stream error."""
     offered = request.scope.get("extensions") or {}
     write = cast(BodyWriter | None, offered.get(BODY_WRITER, {}).get("write"))
-    pushed = PushedEvents(streams, chunker, write, count_error)
+    pushed = PushedEvents(streams, chunker, framing, write, count_error)
     return Stream(pushed.body(), media_type="text/event-stream", headers=HEADERS)
 
 
@@ -150,33 +151,39 @@ class PushedEvents:
     Each event is framed in the callback that delivers it. While the response's task waits for
     more, the bytes go straight to the connection (`write`, the server's `BODY_WRITER`); what
     cannot go at once (before the task first waits, while a slow client holds a write back, on
-    a server with no writer) is kept, and the task sends all of it as one body write. A failure
-    midway ends the response with one error event (counted), then `[DONE]`; leaving it closes
-    every stream, aborting those not finished.
+    a server with no writer) is kept, and the task sends all of it as one body write. The last
+    event's chunks wait for the chunker's `closing`, run by the task. A failure midway ends the
+    response with the chunker's `failed` chunks (counted); leaving it closes every stream,
+    aborting those not finished.
     """
 
-    def __init__(self, streams: Sequence[TokenStream], chunker: Chunker, write: BodyWriter | None,
-                 count_error: ErrorCounter | None) -> None:
+    def __init__(self, streams: Sequence[TokenStream], chunker: Chunker, framing: Framing,
+                 write: BodyWriter | None, count_error: ErrorCounter | None) -> None:
         self._streams = streams
         self._chunker = chunker
+        self._framing = framing
         self._write = write
         self._count_error = count_error
         self._running = len(streams)  # choices not finished
         self._kept: list[bytes] = []
+        self._final: bytes | None = None  # the last event's bytes, waiting for `closing`
         self._waiting: asyncio.Future[None] | None = None  # set while the task waits for more
         self._ended = False
 
     async def body(self) -> AsyncIterator[bytes]:
-        """The bytes the response's task sends: the opening, then whatever was kept by each wake."""
+        """The bytes the response's task sends: the opening, whatever was kept by each wake, and
+        the end once `closing` has run."""
         with closing_all(self._streams):
             try:
-                self._push(frames(self._chunker.opening()))
+                self._push(self._framing.encode(self._chunker.opening()))
                 for index, stream in enumerate(self._streams):
                     stream.listen(functools.partial(self._take, index))
                 while self._kept or not self._ended:
                     if self._kept:
                         kept, self._kept = b"".join(self._kept), []
                         yield kept
+                    elif self._final is not None:
+                        await self._close()
                     else:
                         await self._more()
             finally:
@@ -189,42 +196,59 @@ class PushedEvents:
         finally:
             self._waiting = None
 
+    async def _close(self) -> None:
+        final, self._final = self._final or b"", None
+        try:
+            tail = self._framing.encode(await self._chunker.closing())
+        except Exception as exc:
+            self._fail(failure(exc))
+            return
+        self._ended = True
+        self._kept.append(final + tail + self._framing.last)
+
     def _take(self, index: int, item: TokenEvent | LlmdError) -> None:
         """Choice `index`'s next event (or the error that ended it), framed and pushed."""
-        if self._ended:
+        if self._ended or not self._running:
             return
         if isinstance(item, LlmdError):
             self._fail(item)
             return
         try:
-            data = frames(self._chunker.feed(index, item))
-            if item.finish_reason is not None:
-                self._running -= 1
-                if not self._running:
-                    data += frames(self._chunker.closing()) + DONE
-                    self._ended = True
+            data = self._framing.encode(self._chunker.feed(index, item))
         except Exception as exc:
-            log.exception("stream failed")
-            self._fail(EngineFailure(f"stream failed: {type(exc).__name__}"))
+            self._fail(failure(exc))
             return
-        self._push(data)
+        if item.finish_reason is not None:
+            self._running -= 1
+        if self._running:
+            self._push(data)
+        else:
+            self._final = data
+            self._wake()
 
     def _fail(self, error: LlmdError) -> None:
         if self._count_error is not None:
             self._count_error(error.code or error.error_type)
         self._ended = True
-        self._push(event(error_body(error)) + DONE)
+        self._push(self._framing.encode(self._chunker.failed(error)) + self._framing.last)
 
     def _push(self, data: bytes) -> None:
-        """Write `data` now if the task waits and nothing is kept before it; else keep it. Wake
-        the task when there is something for it to send, or the end."""
-        waiting = self._waiting
-        if data and (waiting is None or self._kept or self._write is None or not self._write(data)):
+        """Write `data` now if the task waits and nothing is kept before it; else keep it."""
+        if data and (self._waiting is None or self._kept or self._write is None or not self._write(data)):
             self._kept.append(data)
-        if waiting is not None and not waiting.done() and (self._kept or self._ended):
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the waiting task when it has something to do: send, close, or end."""
+        waiting, due = self._waiting, self._kept or self._ended or self._final is not None
+        if waiting is not None and not waiting.done() and due:
             waiting.set_result(None)
 
 
-def frames(payloads: Sequence[Payload]) -> bytes:
-    """`payloads` as consecutive SSE events."""
-    return b"".join(event(payload) for payload in payloads)
+def failure(exc: Exception) -> LlmdError:
+    """`exc` as the error a stream ends with: itself when it is one, else an `EngineFailure` that
+    names only its type (logged in full)."""
+    if isinstance(exc, LlmdError):
+        return exc
+    log.exception("stream failed", exc_info=exc)
+    return EngineFailure(f"stream failed: {type(exc).__name__}")

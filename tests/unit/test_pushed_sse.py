@@ -11,10 +11,12 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 import pytest
 
-from llmd.api.sse import DONE, PushedEvents
+from llmd.api.errors import error_body
+from llmd.api.sse import DONE, OPENAI_EVENTS, PushedEvents
 from llmd.engine.stream import GenerationStream
 from llmd.engine.types import FinishReason, TokenEvent
-from llmd.errors import ShuttingDown
+from llmd.errors import LlmdError, ShuttingDown
+from llmd.protocol import ErrorResponse
 
 
 class Piece(msgspec.Struct):
@@ -35,8 +37,14 @@ class Pieces:
             raise KeyError("secret")
         return [Piece(f"{index}:{event.text}")]
 
-    def closing(self) -> list[Piece]:
+    async def closing(self) -> list[Piece]:
+        await asyncio.sleep(0)  # as a store's save would
+        if self.fail_on == "closing":
+            raise KeyError("secret")
         return [Piece("close")]
+
+    def failed(self, error: LlmdError) -> list[ErrorResponse]:
+        return [error_body(error)]
 
 
 def data(text: str) -> bytes:
@@ -64,7 +72,8 @@ class Run:
         self.streams = [GenerationStream(self._closed, f"r{i}", 4, 16) for i in range(n)]
         self.errors: list[str] = []
         self.wire = wire
-        self.pushed = PushedEvents(self.streams, chunker or Pieces(), wire.write if wire else None,
+        write = wire.write if wire else None
+        self.pushed = PushedEvents(self.streams, chunker or Pieces(), OPENAI_EVENTS, write,
                                    self.errors.append)
         self.sent: list[bytes] = []
 
@@ -108,9 +117,9 @@ def test_while_the_task_waits_each_event_is_written_at_once_by_its_delivery() ->
         pushed.streams[0].deliver(token("b", 2, FinishReason.STOP))
 
     pushed = run(steps, wire=Wire())
-    assert pushed.wire is not None
-    assert pushed.wire.written == [data("0:a"), data("0:b") + data("close") + DONE]
-    assert pushed.sent == [data("open")]  # the task sent only what came before it first waited
+    assert pushed.wire is not None and pushed.wire.written == [data("0:a")]
+    # the task sent what came before it first waited, and the end once `closing` had run
+    assert pushed.sent == [data("open"), data("0:b") + data("close") + DONE]
     assert pushed.closed == ["r0"] and pushed.errors == []
 
 
@@ -127,7 +136,8 @@ def test_a_refused_write_is_kept_and_what_follows_waits_behind_it_in_order() -> 
         pushed.streams[0].deliver(token("c", 3, FinishReason.LENGTH))
 
     pushed = run(steps, wire=Wire())
-    assert pushed.wire is not None and pushed.wire.written == [data("0:c") + data("close") + DONE]
+    assert pushed.wire is not None and pushed.wire.written == []
+    assert pushed.sent[-1] == data("0:c") + data("close") + DONE
 
 
 def test_without_a_writer_the_task_sends_everything_kept_since_it_last_woke() -> None:
@@ -135,7 +145,7 @@ def test_without_a_writer_the_task_sends_everything_kept_since_it_last_woke() ->
         deliver(pushed.streams, (0, token("a", 1)), (0, token("b", 2)), (0, token("c", 3, FinishReason.STOP)))
 
     pushed = run(steps)
-    assert pushed.sent == [data("open"), data("0:a") + data("0:b") + data("0:c") + data("close") + DONE]
+    assert pushed.sent == [data("open"), data("0:a") + data("0:b"), data("0:c") + data("close") + DONE]
 
 
 def test_events_delivered_before_the_response_listens_come_first_in_order() -> None:
@@ -149,8 +159,7 @@ def test_events_delivered_before_the_response_listens_come_first_in_order() -> N
         await task
 
     asyncio.run(main())
-    assert pushed.sent == [data("open") + data("0:early")]
-    assert pushed.wire is not None and pushed.wire.written == [data("0:late") + data("close") + DONE]
+    assert pushed.sent == [data("open") + data("0:early"), data("0:late") + data("close") + DONE]
 
 
 def test_choices_end_the_response_only_when_all_have_finished() -> None:
@@ -161,7 +170,8 @@ def test_choices_end_the_response_only_when_all_have_finished() -> None:
 
     pushed = run(steps, n=2, wire=Wire())
     assert pushed.wire is not None
-    assert pushed.wire.written == [data("1:x"), data("0:a"), data("0:b") + data("close") + DONE]
+    assert pushed.wire.written == [data("1:x"), data("0:a")]
+    assert pushed.sent == [data("open"), data("0:b") + data("close") + DONE]
     assert sorted(pushed.closed) == ["r0", "r1"]
 
 
@@ -186,6 +196,18 @@ def test_a_failing_chunker_is_reported_without_its_internals() -> None:
     pushed = run(steps, wire=Wire(), chunker=Pieces(fail_on="boom"))
     assert pushed.wire is not None and pushed.wire.written[-1].endswith(DONE)
     error = json.loads(pushed.wire.written[-1].removesuffix(DONE).removeprefix(b"data: "))["error"]
+    assert error["type"] == "server_error" and "secret" not in error["message"]
+    assert pushed.errors == ["engine_error"]
+
+
+def test_the_last_event_waits_for_closing_and_a_failing_closing_ends_with_the_error_instead() -> None:
+    async def steps(pushed: Run) -> None:
+        deliver(pushed.streams, (0, token("a", 1)), (0, token("b", 2, FinishReason.STOP)))
+        assert pushed.wire is not None and pushed.wire.written == [data("0:a")]  # "b" is held
+
+    pushed = run(steps, wire=Wire(), chunker=Pieces(fail_on="closing"))
+    assert len(pushed.sent) == 2 and pushed.sent[-1].endswith(DONE) and b"0:b" not in pushed.sent[-1]
+    error = json.loads(pushed.sent[-1].removesuffix(DONE).removeprefix(b"data: "))["error"]
     assert error["type"] == "server_error" and "secret" not in error["message"]
     assert pushed.errors == ["engine_error"]
 

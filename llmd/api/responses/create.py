@@ -9,7 +9,6 @@ response is saved before its last event is sent: a client may continue from it a
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +25,10 @@ from llmd.api.responses.events import ResponseEvents, new_id
 from llmd.api.responses.inputs import chat_messages, check_call_outputs, parse_items, stored_item
 from llmd.api.responses.request import function_tools, parse_request, tool_choice
 from llmd.api.responses.store import ResponseStore, StoredResponse
-from llmd.api.sse import named_sse_response
+from llmd.api.sse import NAMED_EVENTS, pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
-from llmd.engine.types import SamplingParams
-from llmd.errors import InvalidRequest
+from llmd.engine.types import SamplingParams, TokenEvent
+from llmd.errors import InvalidRequest, LlmdError
 from llmd.response_events import StreamEvent
 from llmd.response_object import (
     InputTokensDetails,
@@ -64,10 +63,10 @@ async def create_response(request: Request, engine: InjectedEngine, metrics: Inj
     check_model(body.model, served.id)
     plan = await planned(engine, responses, body)
     stream = engine.submit(plan.prompt_ids, plan.params)
-    events = generated(stream, plan, responses)
+    events = ResponseChunks(stream, plan, responses)
     if body.stream:
-        return named_sse_response(events, plan.events.fail, metrics.observe_error)
-    await unless_disconnected(request, drained(events))
+        return pushed_sse_response(request, [stream], events, metrics.observe_error, NAMED_EVENTS)
+    await unless_disconnected(request, completed(stream, events))
     return HttpResponse(plan.events.response)
 
 
@@ -142,21 +141,46 @@ async def conversation(store: ResponseStore | None, previous_id: str | None) -> 
     return items
 
 
-async def generated(stream: TokenStream, plan: ResponsePlan, store: ResponseStore | None
-                    ) -> AsyncIterator[list[StreamEvent]]:
-    """The response's events as its reply is generated, those of one engine event together (one
-    write when streamed); it is stored before the last ones."""
-    events, parser = plan.events, plan.meta.parser() if plan.meta.shape.parsed else None
+class ResponseChunks:
+    """The response's events as its reply is generated (`sse.Chunker`), those of one engine event
+    together (one write when streamed); it is stored before its last ones go."""
+
+    def __init__(self, stream: TokenStream, plan: ResponsePlan, store: ResponseStore | None) -> None:
+        self.stream = stream
+        self.plan = plan
+        self.store = store
+        self.parser = plan.meta.parser() if plan.meta.shape.parsed else None
+
+    def opening(self) -> list[StreamEvent]:
+        """Nothing: `response.created` comes with the first token's events (`ResponseEvents`)."""
+        return []
+
+    def feed(self, index: int, event: TokenEvent) -> list[StreamEvent]:
+        """The events of the reply's deltas in one engine event; on its last, the response's end."""
+        events, parser = self.plan.events, self.parser
+        made = [piece for delta in reply_deltas(parser, event) for piece in events.take(delta)]
+        if event.finish_reason is not None:
+            reasoning = parser.reasoning_tokens if parser is not None else 0
+            cut = event.finish_reason.value == "length"
+            made += events.finish(usage(self.plan, self.stream, reasoning), cut)
+        return made
+
+    async def closing(self) -> list[StreamEvent]:
+        """Store the finished response (its last events wait for this)."""
+        await save(self.store, self.plan)
+        return []
+
+    def failed(self, error: LlmdError) -> list[StreamEvent]:
+        """`response.failed`, with the items so far."""
+        return self.plan.events.fail(error)
+
+
+async def completed(stream: TokenStream, chunks: ResponseChunks) -> None:
+    """Run a response that is not streamed to its end (and store it), its events unsent."""
     with stream:
         async for event in stream:
-            made = [piece for delta in reply_deltas(parser, event) for piece in events.take(delta)]
-            if event.finish_reason is not None:
-                reasoning = parser.reasoning_tokens if parser is not None else 0
-                cut = event.finish_reason.value == "length"
-                made += events.finish(usage(plan, stream, reasoning), cut)
-                await save(store, plan)
-            if made:
-                yield made
+            chunks.feed(0, event)
+    await chunks.closing()
 
 
 def usage(plan: ResponsePlan, stream: TokenStream, reasoning_tokens: int) -> ResponseUsage:
@@ -175,9 +199,3 @@ async def save(store: ResponseStore | None, plan: ResponsePlan) -> None:
         id=response.id, created_at=time.time(), previous_id=response.previous_response_id,
         response=_encoder.encode(response), input_items=_encoder.encode(plan.stored_input),
         output_items=_encoder.encode(response.output)))
-
-
-async def drained(events: AsyncIterator[list[StreamEvent]]) -> None:
-    """Run a response to its end without sending its events (a response that is not streamed)."""
-    async for _ in events:
-        pass
