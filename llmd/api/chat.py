@@ -15,7 +15,7 @@ from litestar.response import Stream
 
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.errors import ErrorResponse, error_body
+from llmd.api.errors import error_body
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.reply import Message, ReplyParser, ReplyShape
@@ -52,6 +52,7 @@ from llmd.protocol import (
     ChunkChoice,
     CompletionTokensDetails,
     Delta,
+    ErrorResponse,
     Usage,
 )
 from llmd.validation import split_validation_error
@@ -264,6 +265,8 @@ class ChatChunks:
     order), then a chunk per event with new text, each choice's finish chunk, then usage. With
     `logprobs`, a chunk carries the tokens since its choice's last chunk: a token whose text is
     still an incomplete character goes with the next one."""
+
+    stopped = False  # ends only with its streams
 
     def __init__(self, streams: Sequence[TokenStream], meta: CompletionMeta, include_usage: bool,
                  logprobs: bool) -> None:

@@ -22,14 +22,21 @@ from litestar.response import Stream
 from llmd.api.chat import check_model, decoded
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.errors import ErrorResponse, error_body
+from llmd.api.errors import error_body
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
 from llmd.api.sampling import sampling_params
 from llmd.api.sse import pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
 from llmd.errors import InvalidRequest, LlmdError
-from llmd.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, Usage
+from llmd.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    ErrorResponse,
+    Usage,
+)
 
 _decoder = msgspec.json.Decoder(CompletionRequest)
 
@@ -247,6 +254,8 @@ class TextChunks:
     """The chunks of a streamed text completion (`sse.Chunker`): each choice's echoed prompt, a
     chunk per event with new text or a finish, then usage. Echoed with logprobs, a choice's
     prompt waits for its first event (which carries them)."""
+
+    stopped = False  # ends only with its streams
 
     def __init__(self, streams: list[TokenStream], prompts: list[CompletionPrompt], meta: TextMeta,
                  options: TextOptions, include_usage: bool) -> None:

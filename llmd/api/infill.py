@@ -35,13 +35,15 @@ from litestar.response import Stream
 from llmd.api.chat import validation_error
 from llmd.api.choices import unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
+from llmd.api.errors import error_body
 from llmd.api.infill_limits import InfillLimits
 from llmd.api.lenient import Refusal, extra_keys, json_object, refuse
-from llmd.api.sse import sse_response
+from llmd.api.sse import LLAMA_EVENTS, pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, ExtraFile, InfillInput, SamplingParams, TokenEvent
-from llmd.errors import InvalidRequest
+from llmd.errors import InvalidRequest, LlmdError
 from llmd.infill_protocol import Infill, InfillExtraChunk, InfillPiece, InfillRequest, InfillTimings
+from llmd.protocol import ErrorResponse
 
 log = logging.getLogger("llmd.api")
 _decoder = msgspec.json.Decoder(InfillRequest)
@@ -75,8 +77,8 @@ async def create_infill(
     run = InfillRun(prompt, served.id, CLOCK, limits, evaluate_only=body.n_predict == 0)
     stream = engine.submit(prompt.ids, sampling)
     if body.stream:
-        events = stream_infill(stream, run, body.response_fields)
-        return sse_response(events, metrics.observe_error, done=False)
+        events = InfillChunks(stream, run, body.response_fields)
+        return pushed_sse_response(request, [stream], events, metrics.observe_error, LLAMA_EVENTS)
     with stream:
         content = await unless_disconnected(request, collect(infill_text(stream, run)))
     return Response(picked(run.result(content, stream), body.response_fields))
@@ -254,13 +256,36 @@ async def collect(pieces: AsyncIterator[str]) -> str:
     return "".join([piece async for piece in pieces])
 
 
-async def stream_infill(stream: TokenStream, run: InfillRun, fields: list[str] | None
-                        ) -> AsyncIterator[InfillPiece | Infill | dict[str, Any]]:
-    """llama.cpp's stream: a `stop: false` event per piece, then the final one (content empty)."""
-    with stream:
-        async for text in infill_text(stream, run):
-            yield InfillPiece(text, stream.completion_tokens, len(run.prompt.ids))
-        yield picked(run.result("", stream), fields)
+class InfillChunks:
+    """llama.cpp's stream (`sse.Chunker`): a `stop: false` event per piece of text, then the final
+    one (content empty); a limit (`n_indent`, time) ends it before the engine does (`stopped`)."""
+
+    def __init__(self, stream: TokenStream, run: InfillRun, fields: list[str] | None) -> None:
+        self.stream = stream
+        self.run = run
+        self.fields = fields
+        self.stopped = False
+
+    def opening(self) -> list[InfillPiece]:
+        """Nothing before the first piece."""
+        return []
+
+    def feed(self, index: int, event: TokenEvent) -> list[InfillPiece]:
+        """The event's text as far as the limits let it through."""
+        run = self.run
+        text = run.limits.add(event.text, run.record(event))
+        self.stopped = run.limits.stopped
+        if not text or run.evaluate_only:
+            return []
+        return [InfillPiece(text, self.stream.completion_tokens, len(run.prompt.ids))]
+
+    async def closing(self) -> list[Infill | dict[str, Any]]:
+        """The final event: counts and timings (only the `response_fields`, when asked)."""
+        return [picked(self.run.result("", self.stream), self.fields)]
+
+    def failed(self, error: LlmdError) -> list[ErrorResponse]:
+        """The error event that ends a stream stopped midway."""
+        return [error_body(error)]
 
 
 def picked(result: Infill, fields: list[str] | None) -> Infill | dict[str, Any]:

@@ -4,10 +4,10 @@ Every event is `data: <json>\\n\\n`, JSON encoded by msgspec, written the moment
 failure after the first byte becomes one error event (counted, as an error response would be);
 `[DONE]` always ends an OpenAI stream.
 
-Chat and text completions and the Responses API are pushed (`pushed_sse_response`): each engine
-event is framed in the callback that delivers it and written straight to the connection, so a
-token costs no task switch, no async generator and no ASGI message. `/infill` is an async
-iterator of payloads (`sse_response`), one body write per item.
+Every stream is pushed (`pushed_sse_response`): each engine event is framed in the callback that
+delivers it and written straight to the connection, so a token costs no task switch, no async
+generator and no ASGI message. What a response makes of its events is its endpoint's `Chunker`
+(chat, text completions, the Responses API, `/infill`); how they become bytes is a `Framing`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from litestar import Request
 from litestar.response import Stream
 
 from llmd.api.choices import closing_all
-from llmd.api.errors import ErrorCounter, error_body
+from llmd.api.errors import ErrorCounter
 from llmd.engine.client import TokenStream
 from llmd.engine.types import TokenEvent
 from llmd.errors import EngineFailure, LlmdError
@@ -66,32 +66,6 @@ def named_event(payload: TypedEvent) -> bytes:
     return b"event: " + payload.type.encode() + b"\ndata: " + _encoder.encode(payload) + b"\n\n"
 
 
-async def frame(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
-                done: bool = True) -> AsyncIterator[bytes]:
-    """SSE bytes for `chunks`, one event each; a failure midway ends them with one error event
-    (counted), and `[DONE]` (unless not `done`) closes them whether or not they failed."""
-    try:
-        async for chunk in chunks:
-            yield event(chunk)
-    except Exception as exc:
-        error = failure(exc)
-        if count_error is not None:
-            count_error(error.code or error.error_type)
-        yield event(error_body(error))
-    if done:
-        yield DONE
-
-
-def sse_response(chunks: AsyncIterator[Payload], count_error: ErrorCounter | None = None,
-                 done: bool = True) -> Stream:
-    """A `text/event-stream` response streaming `chunks`; `count_error` hears of an in-stream error.
-
-    `done=False` leaves out the closing `[DONE]`: llama.cpp's own endpoints (`/infill`) end
-    with their last event (`stop: true`), and its clients do not expect one.
-    """
-    return Stream(frame(chunks, count_error, done), media_type="text/event-stream", headers=HEADERS)
-
-
 def named_events(batch: Sequence[TypedEvent]) -> bytes:
     """Events made together (a token's delta and the item it opens), as one body write."""
     return b"".join(named_event(payload) for payload in batch)
@@ -117,6 +91,12 @@ class Chunker(Protocol):
         """The chunks that end the response when `error` stops it midway."""
         ...
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the response is over before its streams are (a limit cut it short, read after
+        each `feed`): it closes at once, and leaving it aborts them."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Framing:
@@ -133,6 +113,7 @@ def frames(payloads: Sequence[Payload]) -> bytes:
 
 OPENAI_EVENTS = Framing(frames, DONE)  # chat and text completions: `data:` events, then `[DONE]`
 NAMED_EVENTS = Framing(named_events)  # the Responses API: named events, nothing after the last
+LLAMA_EVENTS = Framing(frames)  # llama.cpp's own (`/infill`): `data:` events, the last says `stop: true`
 
 
 def pushed_sse_response(request: Request, streams: Sequence[TokenStream], chunker: Chunker,
@@ -220,9 +201,10 @@ class PushedEvents:
             return
         if item.finish_reason is not None:
             self._running -= 1
-        if self._running:
+        if self._running and not self._chunker.stopped:
             self._push(data)
         else:
+            self._running = 0
             self._final = data
             self._wake()
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmd.api.sse import frame
+from llmd.api.errors import error_body
+from llmd.api.sse import OPENAI_EVENTS, PushedEvents
 from llmd.engine.types import EngineStats, TokenEvent
-from llmd.errors import ShuttingDown
+from llmd.errors import LlmdError, ShuttingDown
+from llmd.protocol import ErrorResponse
 from llmd.service.metrics import FINISH_REASONS, Metrics
 
 
@@ -224,23 +225,39 @@ class Text(msgspec.Struct):
     text: str
 
 
+class TextChunks:
+    """A chunker that sends each event's text (the pushed response's `Chunker`)."""
+
+    stopped = False
+
+    def opening(self) -> list[Text]:
+        return []
+
+    def feed(self, index: int, event: TokenEvent) -> list[Text]:
+        return [Text(event.text)]
+
+    async def closing(self) -> list[Text]:
+        return []
+
+    def failed(self, error: LlmdError) -> list[ErrorResponse]:
+        return [error_body(error)]
+
+
 def test_a_stream_cut_by_the_drain_counts_as_an_in_stream_error() -> None:
     """The drain's cut reaches the SSE framing as `shutting_down`, counted like an error response."""
     from llmd.engine.stream import GenerationStream
 
-    stream = GenerationStream(None, "r1", 12, 16)  # type: ignore[arg-type]  # never closed here
-    stream.events.put_nowait(TokenEvent("Once", 1))
+    stream = GenerationStream(lambda stream: None, "r1", 12, 16)
+    stream.deliver(TokenEvent("Once", 1))
     stream.fail(ShuttingDown("the drain timeout ran out"))
     metrics = Metrics()
+    pushed = PushedEvents([stream], TextChunks(), OPENAI_EVENTS, None, metrics.observe_error)
 
-    async def texts() -> AsyncIterator[Text]:
-        async for event in stream:
-            yield Text(event.text)
+    async def sent() -> list[bytes]:
+        return [piece async for piece in pushed.body()]
 
-    async def framed() -> list[bytes]:
-        return [piece async for piece in frame(texts(), metrics.observe_error)]
-
-    events = asyncio.run(framed())
-    assert b'"code":"shutting_down"' in events[-2] and events[-1] == b"data: [DONE]\n\n"
+    body = b"".join(asyncio.run(sent()))
+    assert body.startswith(b'data: {"text":"Once"}\n\n') and body.endswith(b"data: [DONE]\n\n")
+    assert b'"code":"shutting_down"' in body
     assert scrape(metrics)[("llmd_errors_total", (("type", "shutting_down"),))] == 1
     assert stream.outcome == "error"

@@ -26,8 +26,10 @@ class Piece(msgspec.Struct):
 class Pieces:
     """A chunker: an opening piece, one piece per event tagged with its choice, a closing piece."""
 
-    def __init__(self, fail_on: str | None = None) -> None:
+    def __init__(self, fail_on: str | None = None, stop_on: str | None = None) -> None:
         self.fail_on = fail_on
+        self.stop_on = stop_on
+        self.stopped = False
 
     def opening(self) -> list[Piece]:
         return [Piece("open")]
@@ -35,6 +37,7 @@ class Pieces:
     def feed(self, index: int, event: TokenEvent) -> list[Piece]:
         if event.text == self.fail_on:
             raise KeyError("secret")
+        self.stopped = event.text == self.stop_on
         return [Piece(f"{index}:{event.text}")]
 
     async def closing(self) -> list[Piece]:
@@ -210,6 +213,16 @@ def test_the_last_event_waits_for_closing_and_a_failing_closing_ends_with_the_er
     error = json.loads(pushed.sent[-1].removesuffix(DONE).removeprefix(b"data: "))["error"]
     assert error["type"] == "server_error" and "secret" not in error["message"]
     assert pushed.errors == ["engine_error"]
+
+
+def test_a_chunker_that_stops_ends_the_response_at_once_and_aborts_the_stream() -> None:
+    async def steps(pushed: Run) -> None:
+        deliver(pushed.streams, (0, token("a", 1)), (0, token("enough", 2)), (0, token("c", 3)))
+
+    pushed = run(steps, wire=Wire(), chunker=Pieces(stop_on="enough"))
+    assert pushed.wire is not None and pushed.wire.written == [data("0:a")]
+    assert pushed.sent == [data("open"), data("0:enough") + data("close") + DONE]
+    assert pushed.closed == ["r0"] and not pushed.streams[0].done  # closed before its end: aborted
 
 
 def test_leaving_the_body_early_closes_every_stream_and_later_events_write_nothing() -> None:

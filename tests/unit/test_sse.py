@@ -1,65 +1,34 @@
-"""SSE framing: one `data:` event per chunk, an in-band error after the first byte, `[DONE]`."""
+"""SSE framing (llmd/api/sse.py): one `data:` event per payload, named events for the Responses
+API, and the framings' ends. The pushed path itself: tests/unit/test_pushed_sse.py."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
-
 import msgspec
 
-from llmd.api.sse import DONE, frame
-from llmd.errors import EngineFailure, ShuttingDown
+from llmd.api.sse import DONE, LLAMA_EVENTS, NAMED_EVENTS, OPENAI_EVENTS, frames, named_events
 
 
 class Piece(msgspec.Struct):
     text: str
 
 
-async def pieces(fail_after: int | None, error: Exception) -> AsyncIterator[Piece]:
-    for i in range(3):
-        if fail_after is not None and i == fail_after:
-            raise error
-        yield Piece(f"p{i}")
+class Named(msgspec.Struct):
+    type: str
+    sequence_number: int
 
 
-def framed(fail_after: int | None, error: Exception | None = None, counted: list[str] | None = None
-           ) -> list[bytes]:
-    failure = error if error is not None else EngineFailure("boom")
-    count = counted.append if counted is not None else None
-
-    async def collect() -> list[bytes]:
-        return [event async for event in frame(pieces(fail_after, failure), count)]
-
-    return asyncio.run(collect())
+def test_each_payload_is_one_data_event() -> None:
+    assert frames([Piece("p0"), {"stop": True}]) == b'data: {"text":"p0"}\n\ndata: {"stop":true}\n\n'
+    assert frames([]) == b""
 
 
-def test_each_chunk_is_one_data_event_then_done() -> None:
-    events = framed(None)
-    assert events[:-1] == [b'data: {"text":"p0"}\n\n', b'data: {"text":"p1"}\n\n', b'data: {"text":"p2"}\n\n']
-    assert events[-1] == DONE == b"data: [DONE]\n\n"
+def test_a_named_event_is_named_by_its_type_and_carries_it_too() -> None:
+    batch = [Named("response.created", 0), Named("response.in_progress", 1)]
+    assert named_events(batch) == (
+        b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+        b'event: response.in_progress\ndata: {"type":"response.in_progress","sequence_number":1}\n\n')
 
 
-def test_failure_midway_sends_one_error_event_then_done() -> None:
-    events = framed(2)
-    assert len(events) == 4 and events[-1] == DONE
-    error = json.loads(events[2].removeprefix(b"data: "))["error"]
-    assert error == {"message": "boom", "type": "server_error", "param": None, "code": "engine_error"}
-
-
-def test_unexpected_exception_is_reported_without_internals() -> None:
-    events = framed(1, KeyError("secret"))
-    error = json.loads(events[1].removeprefix(b"data: "))["error"]
-    assert error["type"] == "server_error" and "secret" not in error["message"]
-    assert events[-1] == DONE
-
-
-def test_an_in_stream_error_is_counted_by_its_code_and_a_clean_stream_is_not() -> None:
-    counted: list[str] = []
-    framed(None, counted=counted)
-    assert counted == []
-    events = framed(1, ShuttingDown("the drain timeout ran out"), counted)
-    assert counted == ["shutting_down"]
-    assert json.loads(events[1].removeprefix(b"data: "))["error"]["code"] == "shutting_down"
-    framed(0, KeyError("secret"), counted)
-    assert counted == ["shutting_down", "engine_error"]
+def test_only_an_openai_stream_ends_with_done() -> None:
+    assert OPENAI_EVENTS.last == DONE == b"data: [DONE]\n\n"
+    assert NAMED_EVENTS.last == LLAMA_EVENTS.last == b""

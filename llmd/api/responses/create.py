@@ -145,6 +145,8 @@ class ResponseChunks:
     """The response's events as its reply is generated (`sse.Chunker`), those of one engine event
     together (one write when streamed); it is stored before its last ones go."""
 
+    stopped = False  # ends only with its streams
+
     def __init__(self, stream: TokenStream, plan: ResponsePlan, store: ResponseStore | None) -> None:
         self.stream = stream
         self.plan = plan
