@@ -15,13 +15,12 @@ from litestar.response import Stream
 
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.errors import error_body
 from llmd.api.lenient import log_ignored, refuse, unknown_fields, unsupported_values
 from llmd.api.logprobs import chat_logprobs
 from llmd.api.reply import Message, ReplyParser, ReplyShape
 from llmd.api.response_format import reply_constraint, thinking_at_start
 from llmd.api.sampling import sampling_params
-from llmd.api.sse import pushed_sse_response
+from llmd.api.sse import error_events, pushed_sse_response
 from llmd.api.tool_grammar import Thinking
 from llmd.api.tools import (
     ToolRequest,
@@ -40,7 +39,7 @@ from llmd.engine.types import (
     TokenEvent,
     TokenLogprobs,
 )
-from llmd.errors import InvalidRequest, LlmdError, ModelNotFound, UnsupportedParameter
+from llmd.errors import InvalidRequest, ModelNotFound, UnsupportedParameter
 from llmd.protocol import (
     AssistantMessage,
     ChatCompletion,
@@ -52,7 +51,6 @@ from llmd.protocol import (
     ChunkChoice,
     CompletionTokensDetails,
     Delta,
-    ErrorResponse,
     Usage,
 )
 from llmd.validation import split_validation_error
@@ -300,9 +298,7 @@ class ChatChunks:
         meta, counted = self.meta, usage(self.meta, self.streams, self.parsers)
         return [ChatCompletionChunk(meta.id, [], meta.created, meta.model, usage=counted)]
 
-    def failed(self, error: LlmdError) -> list[ErrorResponse]:
-        """The error event that ends a stream stopped midway."""
-        return [error_body(error)]
+    failed = staticmethod(error_events)
 
 
 def reply_deltas(parser: ReplyParser | None, event: TokenEvent) -> list[Delta]:

@@ -22,19 +22,17 @@ from litestar.response import Stream
 from llmd.api.chat import check_model, decoded
 from llmd.api.choices import Generated, closing_all, collect_all, unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.errors import error_body
 from llmd.api.logprobs import Scored, completion_logprobs, prompt_scored, shifted
 from llmd.api.sampling import sampling_params
-from llmd.api.sse import pushed_sse_response
+from llmd.api.sse import error_events, pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, SamplingParams, TokenEvent
-from llmd.errors import InvalidRequest, LlmdError
+from llmd.errors import InvalidRequest
 from llmd.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
-    ErrorResponse,
     Usage,
 )
 
@@ -282,9 +280,7 @@ class TextChunks:
         meta = self.meta
         return [Completion(meta.id, [], meta.created, meta.model, usage=usage(self.prompts, self.streams))]
 
-    def failed(self, error: LlmdError) -> list[ErrorResponse]:
-        """The error event that ends a stream stopped midway."""
-        return [error_body(error)]
+    failed = staticmethod(error_events)
 
 
 def event_chunks(meta: TextMeta, index: int, choice: StreamedChoice, event: TokenEvent

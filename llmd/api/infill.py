@@ -35,15 +35,13 @@ from litestar.response import Stream
 from llmd.api.chat import validation_error
 from llmd.api.choices import unless_disconnected
 from llmd.api.dependencies import InjectedEngine, InjectedMetrics, InjectedModel
-from llmd.api.errors import error_body
 from llmd.api.infill_limits import InfillLimits
 from llmd.api.lenient import Refusal, extra_keys, json_object, refuse
-from llmd.api.sse import LLAMA_EVENTS, pushed_sse_response
+from llmd.api.sse import LLAMA_EVENTS, error_events, pushed_sse_response
 from llmd.engine.client import Engine, TokenStream
 from llmd.engine.types import CompletionPrompt, ExtraFile, InfillInput, SamplingParams, TokenEvent
-from llmd.errors import InvalidRequest, LlmdError
+from llmd.errors import InvalidRequest
 from llmd.infill_protocol import Infill, InfillExtraChunk, InfillPiece, InfillRequest, InfillTimings
-from llmd.protocol import ErrorResponse
 
 log = logging.getLogger("llmd.api")
 _decoder = msgspec.json.Decoder(InfillRequest)
@@ -283,9 +281,7 @@ class InfillChunks:
         """The final event: counts and timings (only the `response_fields`, when asked)."""
         return [picked(self.run.result("", self.stream), self.fields)]
 
-    def failed(self, error: LlmdError) -> list[ErrorResponse]:
-        """The error event that ends a stream stopped midway."""
-        return [error_body(error)]
+    failed = staticmethod(error_events)
 
 
 def picked(result: Infill, fields: list[str] | None) -> Infill | dict[str, Any]:

@@ -24,10 +24,11 @@ from litestar import Request
 from litestar.response import Stream
 
 from llmd.api.choices import closing_all
-from llmd.api.errors import ErrorCounter
+from llmd.api.errors import ErrorCounter, error_body
 from llmd.engine.client import TokenStream
 from llmd.engine.types import TokenEvent
 from llmd.errors import EngineFailure, LlmdError
+from llmd.protocol import ErrorResponse
 
 log = logging.getLogger("llmd.api")
 
@@ -96,6 +97,12 @@ class Chunker(Protocol):
         """Whether the response is over before its streams are (a limit cut it short, read after
         each `feed`): it closes at once, and leaving it aborts them."""
         ...
+
+
+def error_events(error: LlmdError) -> list[ErrorResponse]:
+    """What ends an OpenAI or llama.cpp stream that `error` stopped midway: one error event (a
+    chunker's `failed`)."""
+    return [error_body(error)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,9 @@ import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmd.api.errors import error_body
-from llmd.api.sse import OPENAI_EVENTS, PushedEvents
+from llmd.api.sse import OPENAI_EVENTS, PushedEvents, error_events
 from llmd.engine.types import EngineStats, TokenEvent
-from llmd.errors import LlmdError, ShuttingDown
-from llmd.protocol import ErrorResponse
+from llmd.errors import ShuttingDown
 from llmd.service.metrics import FINISH_REASONS, Metrics
 
 
@@ -239,8 +237,7 @@ class TextChunks:
     async def closing(self) -> list[Text]:
         return []
 
-    def failed(self, error: LlmdError) -> list[ErrorResponse]:
-        return [error_body(error)]
+    failed = staticmethod(error_events)
 
 
 def test_a_stream_cut_by_the_drain_counts_as_an_in_stream_error() -> None:

@@ -11,12 +11,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import msgspec
 import pytest
 
-from llmd.api.errors import error_body
-from llmd.api.sse import DONE, OPENAI_EVENTS, PushedEvents
+from llmd.api.sse import DONE, OPENAI_EVENTS, PushedEvents, error_events
 from llmd.engine.stream import GenerationStream
 from llmd.engine.types import FinishReason, TokenEvent
-from llmd.errors import LlmdError, ShuttingDown
-from llmd.protocol import ErrorResponse
+from llmd.errors import ShuttingDown
 
 
 class Piece(msgspec.Struct):
@@ -46,8 +44,7 @@ class Pieces:
             raise KeyError("secret")
         return [Piece("close")]
 
-    def failed(self, error: LlmdError) -> list[ErrorResponse]:
-        return [error_body(error)]
+    failed = staticmethod(error_events)
 
 
 def data(text: str) -> bytes:
