@@ -1,8 +1,9 @@
 """Summarize side-by-side runs: per round ratios of side A's figures to side B's, and their medians.
 
 scripts/peer_ab.sh (llmd against llama-server: sides `llmd` and `peer`) and scripts/serving_ab.sh
-(llmd over HTTP against its own runner in-process: `http` and `inproc`) write one `llmd bench
---json` report per load, side and round, named LOAD-SIDE-ROUND.json. Issue 17's acceptance reads
+(llmd over HTTP against its own runner in-process, `http` and `inproc`, or against its engine
+in-process, `http` and `engine`) write one `llmd bench --json` report per load, side and round,
+named LOAD-SIDE-ROUND.json. Issue 17's acceptance reads
 the ratios: C=1 out tok/s >= 0.8x llama-server and C=8 >= 1.0x; HTTP / in-process >= 0.95 at C=1
 and >= 0.9 at C=8. A ratio above 1 means A's figure is the larger (for TTFT and gaps, the worse).
 Usage: python scripts/peer_ab.py OUTDIR [A B]     (default: llmd peer)

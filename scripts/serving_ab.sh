@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # What serving costs: llmd over HTTP against the same model and profile decoded by llmd's runner in
-# one process, no HTTP at all (`llmd bench --in-process`), issue 17's item 5. One daemon runs
-# throughout (idle while the in-process side runs, in its own process); per round, for C=1 and then
-# C=8, one run of each side, which goes first alternating by round, after one unmeasured pass of both.
-# The plan is peer_ab.sh's: C=1 C1_N (8) requests x 128 tokens, C=8 8 clients x C8_N (3) requests
-# x 64 tokens (in-process: 8 prompts decoded as one batch, C8_N times), prompts of 64 tokens,
-# --ignore-eos. scripts/peer_ab.py OUTDIR http inproc prints the HTTP/in-process ratios per round.
-#   scripts/serving_ab.sh [ROUNDS] [OUTDIR]      MODEL (small demo model), PROFILE (cpu-bf16)
+# one process, no HTTP at all (`llmd bench --in-process`), issue 17's item 5. With AGAINST=engine
+# the other side is llmd's whole engine in one process instead (`--in-process --method engine`:
+# worker thread, scheduler, event loop, the HTTP plan), so HTTP's own share is apart from the
+# engine's. One daemon runs throughout (idle while the in-process side runs, in its own process);
+# per round, for C=1 and then C=8, one run of each side, which goes first alternating by round,
+# after one unmeasured pass of both. The plan is peer_ab.sh's: C=1 C1_N (8) requests x 128 tokens,
+# C=8 8 clients x C8_N (3) requests x 64 tokens (the runner: 8 prompts decoded as one batch, C8_N
+# times), prompts of 64 tokens, --ignore-eos. scripts/peer_ab.py OUTDIR http SIDE prints the ratios.
+#   scripts/serving_ab.sh [ROUNDS] [OUTDIR]      MODEL (small demo model), PROFILE (cpu-bf16),
+#                                                AGAINST (inproc: the runner | engine)
 set -u
 ROUNDS=${1:-3}; OUT=${2:-/tmp/serving_ab}; mkdir -p "$OUT"
 TREE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$TREE/.venv/bin/python}
 MODEL=${MODEL:-$HOME/.cache/llmd/demo-model-small}
-PROFILE=${PROFILE:-cpu-bf16}; PORT=${PORT:-18620}
+PROFILE=${PROFILE:-cpu-bf16}; PORT=${PORT:-18620}; AGAINST=${AGAINST:-inproc}
+case "$AGAINST" in inproc) METHOD=runner ;; engine) METHOD=engine ;; *) echo "AGAINST: inproc or engine" >&2; exit 2 ;; esac
 export HF_HUB_OFFLINE=1 LLMD_HOME="$OUT/home"
 DAEMON=
 stop() { [ -n "$DAEMON" ] && kill -TERM "$DAEMON" 2> /dev/null && wait "$DAEMON"; DAEMON=; }
@@ -27,13 +31,13 @@ for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null &&
 bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-process
   local name=$1 side=$2; shift 2
   local target=(--base-url "http://127.0.0.1:$PORT/v1")
-  [ "$side" = inproc ] && target=(--in-process "$MODEL" --profile "$PROFILE")
+  [ "$side" = "$AGAINST" ] && target=(--in-process "$MODEL" --profile "$PROFILE" --method "$METHOD")
   (cd "$TREE" && "$PY" -m llmd.cli bench "${target[@]}" --json --ignore-eos "$@" \
     > "$OUT/$name.json" 2> "$OUT/$name.err")
 }
 
 . "$TREE/scripts/ab_rounds.sh"
-ab_rounds "$ROUNDS" http inproc
+ab_rounds "$ROUNDS" http "$AGAINST"
 stop
 echo "model $MODEL, profile $PROFILE"
-"$PY" "$TREE/scripts/peer_ab.py" "$OUT" http inproc
+"$PY" "$TREE/scripts/peer_ab.py" "$OUT" http "$AGAINST"

@@ -3,7 +3,8 @@
 C concurrent streaming clients each send R chat completions; every SSE event is
 timestamped the moment it is parsed off the wire, and the run is reported as
 TTFT, inter-chunk gaps, chunks per completion token and output tokens/s.
-`--in-process MODEL_DIR` measures the raw decode of a model in this process instead.
+`--in-process MODEL_DIR` measures the raw decode of a model in this process instead, or with
+`--method engine` llmd's engine without HTTP (llmd/bench/engine_run.py).
 `--workload autocomplete` plays an editor user instead: an edit every 150 ms near the
 cursor of a ~1,500-token file, each sending a streamed FIM completion and closing the
 previous one (llmd/bench/autocomplete.py). `--constrained K` sends K of the C clients'
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 from llmd.bench.autocomplete import FIM_FORMS, bench_autocomplete
 from llmd.bench.edit_results import AutocompleteReport
 from llmd.bench.http import APIS, BenchError, bench_http
-from llmd.bench.inprocess import bench_in_process
+from llmd.bench.inprocess import IN_PROCESS_METHODS, bench_in_process
 from llmd.bench.report import format_autocomplete_table, format_json, format_schema_table, format_table
 from llmd.bench.results import BenchReport
 from llmd.bench.schema_latency import SchemaReport, bench_schemas
@@ -88,6 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--in-process", metavar="MODEL_DIR",
         help="measure the raw decode of MODEL_DIR in this process instead")
     add("--profile", default="cpu", help="llmd profile for --in-process (default: cpu)")
+    add("--method", dest="methods", action="append", choices=IN_PROCESS_METHODS,
+        help="with --in-process, what to time (repeat for several; default: runner and generate): "
+        "runner: llmd's step loop, the C prompts as one batch; generate: transformers' generate "
+        "the same way; engine: llmd's whole engine (worker thread, scheduler, event loop) without "
+        "HTTP, sent the --base-url plan (C clients x R requests)")
     add("--constrained", metavar="K", type=_non_negative_int, default=0,
         help="K of the C clients send every request with response_format json_schema, taking "
         "the bench's 12 schemas in turn; reported apart as 'schema' and 'plain' rows (default: 0)")
@@ -170,6 +176,8 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--in-process measures decode only; drop --constrained"
     if args.api != "chat" and args.in_process:
         return "--in-process measures decode only, through no API; drop --api"
+    if args.methods and not args.in_process:
+        return "--method chooses what --in-process times; add --in-process MODEL_DIR or drop it"
     if args.constrained and args.ignore_eos:
         return ("--ignore-eos cannot be combined with --constrained: a schema's reply ends "
                 "where its grammar does")

@@ -231,6 +231,7 @@ def test_constrained_option_and_its_refusals(capsys: Capture) -> None:
         (("--constrained", "1", "--workload", "autocomplete"), "drop -c and --constrained"),
         (("--workload", "schemas", "-c", "2"), "one request at a time"),
         (("--workload", "schemas", "--in-process", "/nowhere"), "one request at a time"),
+        (("--method", "engine"), "--method chooses what --in-process times"),
     ]:
         assert command.run(_args(*argv)) == 2, argv
         assert says in capsys.readouterr().err, argv
