@@ -92,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--method", dest="methods", action="append", choices=IN_PROCESS_METHODS,
         help="with --in-process, what to time (repeat for several; default: runner and generate): "
         "runner: llmd's step loop, the C prompts as one batch; generate: transformers' generate "
-        "the same way; engine: llmd's whole engine (worker thread, scheduler, event loop) without "
-        "HTTP, sent the --base-url plan (C clients x R requests)")
+        "the same way; engine (alone): llmd's whole engine (worker thread, scheduler, event loop) "
+        "without HTTP, sent the --base-url plan (C clients x R requests)")
     add("--constrained", metavar="K", type=_non_negative_int, default=0,
         help="K of the C clients send every request with response_format json_schema, taking "
         "the bench's 12 schemas in turn; reported apart as 'schema' and 'plain' rows (default: 0)")
@@ -178,6 +178,10 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--in-process measures decode only, through no API; drop --api"
     if args.methods and not args.in_process:
         return "--method chooses what --in-process times; add --in-process MODEL_DIR or drop it"
+    if args.methods and "engine" in args.methods and set(args.methods) != {"engine"}:
+        return ("--method engine loads a model copy of its own, and two copies in one process slow "
+                "each other's compiled steps (small demo model: 2.6 -> 11 ms a step); time the "
+                "engine in a run of its own")
     if args.constrained and args.ignore_eos:
         return ("--ignore-eos cannot be combined with --constrained: a schema's reply ends "
                 "where its grammar does")

@@ -8,7 +8,6 @@ so this module imports without torch like the rest of the bench.
 from __future__ import annotations
 
 import argparse
-import contextlib
 from dataclasses import replace
 
 from llmd.bench.decoder import DecodeTrace, InProcessDecoder
@@ -18,40 +17,41 @@ from llmd.bench.results import BenchReport, RunReport, StreamResult, bench_repor
 
 IN_PROCESS_METHODS = ("runner", "generate", "engine")
 DEFAULT_METHODS = ("runner", "generate")
-DECODER_METHODS = frozenset({"runner", "generate"})  # what InProcessDecoder times
 
 
 def bench_in_process(args: argparse.Namespace) -> BenchReport:
-    """Time the `--method`s (llmd's runner and transformers' generate unless told) on the model,
-    in this process; each repeat runs every method once, in the order given."""
+    """Time the `--method`s on the model in this process: llmd's runner and transformers'
+    generate (the default; each repeat runs both, in the order given), or llmd's engine alone
+    (a second copy of the model in one process would slow both: `command` refuses the mix)."""
     methods = tuple(args.methods or DEFAULT_METHODS)
-    with contextlib.ExitStack() as stack:
-        decoder, batch, prompt_tokens, words = None, [], None, 0
-        if DECODER_METHODS & set(methods):
-            decoder = InProcessDecoder(args.in_process, profile=args.profile)
-            # One prompt for all decodes: nothing is cached across decode() calls in-process.
-            prompt_ids, words = fitted_prompt(decoder, args.prompt_tokens)
-            batch, prompt_tokens = [prompt_ids] * args.concurrency, len(prompt_ids)
-        engine = None
-        if "engine" in methods:
-            engine = stack.enter_context(EngineRun(args.in_process, args.profile, args))
-            engine.start()
-            if decoder is None:
-                prompt_tokens, words = engine.prompt_tokens, engine.prompts.words
-        for method in methods:
-            for _ in range(args.warmup):
-                if method == "engine":
-                    assert engine is not None
-                    engine.measure(1, 1)
-                else:
-                    assert decoder is not None
-                    decoder.decode_batch(batch, args.max_tokens, method=method)
-        runs = measure_repeats(methods, decoder, engine, batch, args)
+    if "engine" in methods:
+        return _bench_engine(args)
+    decoder = InProcessDecoder(args.in_process, profile=args.profile)
+    # One prompt for all decodes: nothing is cached across decode() calls in-process.
+    prompt_ids, words = fitted_prompt(decoder, args.prompt_tokens)
+    batch = [prompt_ids] * args.concurrency
+    for method in methods:
+        for _ in range(args.warmup):
+            decoder.decode_batch(batch, args.max_tokens, method=method)
+    runs = measure_repeats(methods, decoder, batch, args)
     target = args.in_process
-    report = bench_report(args, target, target, prompt_tokens, words, _notes(args, methods), runs)
-    engine_only = methods == ("engine",)
-    return replace(report, distinct_prompts=engine_only and args.distinct_prompts,
-                   temperature=args.temperature if engine_only else 0.0)
+    report = bench_report(args, target, target, len(prompt_ids), words, _decoder_notes(args), runs)
+    return replace(report, distinct_prompts=False, temperature=0.0)
+
+
+def _bench_engine(args: argparse.Namespace) -> BenchReport:
+    with EngineRun(args.in_process, args.profile, args) as engine:
+        engine.start()
+        for _ in range(args.warmup):
+            engine.measure(1, 1)
+        runs = [summarize("in-process engine", repeat, engine.measure(args.concurrency, args.requests))
+                for repeat in range(1, args.repeats + 1)]
+    prompts = "distinct prompts" if args.distinct_prompts else "one shared prompt"
+    notes = [f"in-process engine: llmd's engine without HTTP, {args.concurrency} client(s) x "
+             f"{args.requests} requests as --base-url sends them ({prompts}); each token timed "
+             "where the API would write it"]
+    target = args.in_process
+    return bench_report(args, target, target, engine.prompt_tokens, engine.prompts.words, notes, runs)
 
 
 def fitted_prompt(decoder: InProcessDecoder, target: int) -> tuple[list[int], int]:
@@ -64,42 +64,28 @@ def fitted_prompt(decoder: InProcessDecoder, target: int) -> tuple[list[int], in
 
 
 def measure_repeats(
-    methods: tuple[str, ...], decoder: InProcessDecoder | None, engine: EngineRun | None,
-    batch: list[list[int]], args: argparse.Namespace,
+    methods: tuple[str, ...], decoder: InProcessDecoder, batch: list[list[int]], args: argparse.Namespace
 ) -> list[RunReport]:
-    """One run per method per repeat: the decoder's decode `batch` `args.requests` times, the
-    engine takes `args.concurrency` clients of `args.requests` streams each."""
+    """One run per method per repeat, each decoding `batch` `args.requests` times."""
+    prompt_tokens = len(batch[0])
     runs = []
     for repeat in range(1, args.repeats + 1):
-        # Methods alternate within a repeat so machine noise hits them alike.
+        # Methods alternate within a repeat so machine noise hits both alike.
         for method in methods:
-            if method == "engine":
-                assert engine is not None
-                results = engine.measure(args.concurrency, args.requests)
-            else:
-                assert decoder is not None
-                results = [
-                    trace_result(trace, len(batch[0]))
-                    for _ in range(args.requests)
-                    for trace in decoder.decode_batch(batch, args.max_tokens, method)
-                ]
+            results = [
+                trace_result(trace, prompt_tokens)
+                for _ in range(args.requests)
+                for trace in decoder.decode_batch(batch, args.max_tokens, method)
+            ]
             runs.append(summarize(f"in-process {method}", repeat, results))
     return runs
 
 
-def _notes(args: argparse.Namespace, methods: tuple[str, ...]) -> list[str]:
-    notes = []
-    if DECODER_METHODS & set(methods):
-        notes.append("in-process runner/generate: TTFT is prefill plus the first token; gaps are "
-                     "per-token times; greedy, one prompt")
-        if args.concurrency > 1:
-            notes.append(f"in-process runner/generate: -c {args.concurrency} decodes that many "
-                         "prompts as one batch, all prefilled first, -n times over")
-    if "engine" in methods:
-        prompts = "distinct prompts" if args.distinct_prompts else "one shared prompt"
-        notes.append(f"in-process engine: llmd's engine without HTTP, {args.concurrency} client(s) x "
-                     f"{args.requests} requests as --base-url sends them ({prompts}, temperature "
-                     f"{args.temperature:g}); each token timed where the API would write it")
+def _decoder_notes(args: argparse.Namespace) -> list[str]:
+    notes = ["in-process: TTFT is prefill plus the first token; gaps are per-token times; greedy"]
+    if args.concurrency > 1:
+        notes.append(f"in-process: -c {args.concurrency} decodes that many prompts as one batch, "
+                     "all prefilled first, -n times over")
     return notes
 
 

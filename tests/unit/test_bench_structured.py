@@ -232,6 +232,7 @@ def test_constrained_option_and_its_refusals(capsys: Capture) -> None:
         (("--workload", "schemas", "-c", "2"), "one request at a time"),
         (("--workload", "schemas", "--in-process", "/nowhere"), "one request at a time"),
         (("--method", "engine"), "--method chooses what --in-process times"),
+        (("--in-process", "/x", "--method", "engine", "--method", "runner"), "time the engine in a run"),
     ]:
         assert command.run(_args(*argv)) == 2, argv
         assert says in capsys.readouterr().err, argv
