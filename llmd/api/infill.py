@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,7 @@ async def create_infill(
         events = InfillChunks(stream, run, body.response_fields)
         return pushed_sse_response(request, [stream], events, metrics.observe_error, LLAMA_EVENTS)
     with stream:
-        content = await unless_disconnected(request, collect(infill_text(stream, run)))
+        content = await unless_disconnected(request, infill_content(stream, run))
     return Response(picked(run.result(content, stream), body.response_fields))
 
 
@@ -208,6 +208,11 @@ class InfillRun:
         self.last = now
         return now
 
+    def take(self, event: TokenEvent) -> str:
+        """The event's text as far as the limits let it through ("" when none, or nothing is answered)."""
+        text = self.limits.add(event.text, self.record(event))
+        return "" if self.evaluate_only else text
+
     def result(self, content: str, stream: TokenStream) -> Infill:
         """The final object: `content` (empty when streamed), counts, timings."""
         evaluated = len(self.prompt.ids)
@@ -236,22 +241,17 @@ def per_second(ms: float, count: int) -> float:
     return 1000.0 * count / ms if ms > 0 else 0.0
 
 
-async def infill_text(stream: TokenStream, run: InfillRun) -> AsyncIterator[str]:
-    """The text to send, piece by piece, until the stream ends or a limit (`n_indent`, time) stops it.
+async def infill_content(stream: TokenStream, run: InfillRun) -> str:
+    """The whole text to send, until the stream ends or a limit (`n_indent`, time) stops it.
 
     Stopping early returns while the stream is open: the caller's `with stream` aborts the request.
     """
+    pieces = []
     async for event in stream:
-        text = run.limits.add(event.text, run.record(event))
-        if text and not run.evaluate_only:
-            yield text
+        pieces.append(run.take(event))
         if run.limits.stopped:
-            return
-
-
-async def collect(pieces: AsyncIterator[str]) -> str:
-    """All the pieces, joined."""
-    return "".join([piece async for piece in pieces])
+            break
+    return "".join(pieces)
 
 
 class InfillChunks:
@@ -270,12 +270,9 @@ class InfillChunks:
 
     def feed(self, index: int, event: TokenEvent) -> list[InfillPiece]:
         """The event's text as far as the limits let it through."""
-        run = self.run
-        text = run.limits.add(event.text, run.record(event))
-        self.stopped = run.limits.stopped
-        if not text or run.evaluate_only:
-            return []
-        return [InfillPiece(text, self.stream.completion_tokens, len(run.prompt.ids))]
+        text = self.run.take(event)
+        self.stopped = self.run.limits.stopped
+        return [InfillPiece(text, self.stream.completion_tokens, len(self.run.prompt.ids))] if text else []
 
     async def closing(self) -> list[Infill | dict[str, Any]]:
         """The final event: counts and timings (only the `response_fields`, when asked)."""

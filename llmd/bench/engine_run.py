@@ -34,12 +34,13 @@ READY_TIMEOUT = 3600.0  # seconds to load and warm up (max-autotune compiles for
 
 
 class EngineRun:
-    """The engine on `model` under `profile`, on an event loop of its own: `start`, then `measure`."""
+    """The engine on `--in-process`'s model under `--profile`, on an event loop of its own: `start`,
+    then `measure`."""
 
-    def __init__(self, model: str, profile: str, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
         from llmd.runtime import event_loop_factory
 
-        self._model, self._profile, self._args = model, profile, args
+        self._args = args
         self._runner = asyncio.Runner(loop_factory=event_loop_factory())
         self._engine: EngineClient | None = None
         self.prompts = PromptFactory(words=1, distinct=args.distinct_prompts)
@@ -67,9 +68,9 @@ class EngineRun:
         from llmd.engine.client import EngineClient
         from llmd.engine.worker import EngineWorker
 
-        profile = load_profile(self._profile)
-        context = effective_context(read_model_shape(self._model), profile)  # as the daemon's plan has it
-        engine = EngineClient(EngineWorker(self._model, profile), context)
+        model, profile = self._args.in_process, load_profile(self._args.profile)
+        context = effective_context(read_model_shape(model), profile)  # as the daemon's plan has it
+        engine = EngineClient(EngineWorker(model, profile), context)
         self._engine = engine
         await engine.start()
         failed = engine.failed

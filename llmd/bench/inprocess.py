@@ -40,7 +40,7 @@ def bench_in_process(args: argparse.Namespace) -> BenchReport:
 
 
 def _bench_engine(args: argparse.Namespace) -> BenchReport:
-    with EngineRun(args.in_process, args.profile, args) as engine:
+    with EngineRun(args) as engine:
         engine.start()
         for _ in range(args.warmup):
             engine.measure(1, 1)
