@@ -174,6 +174,8 @@ def run_serve(args: argparse.Namespace) -> int:
     plan = preflight(model_dir, model_id, profile)
     if not plan.fits:
         return EXIT_PREFLIGHT
+    if isinstance(plan, MemoryPlan):
+        profile = plan.profile  # without a GEMM template copy that does not fit
     from llmd.daemon import serve
 
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
@@ -201,6 +203,8 @@ def preflight(model_dir: str, model_id: str, profile: Profile) -> MemoryPlan | R
     started = time.perf_counter()
     plan = plan_for_model(model_dir, profile, label=model_id)
     took = time.perf_counter() - started
+    if plan.dropped_copy:
+        log.warning("%s", plan.dropped_copy)
     if plan.fits:
         log.info("memory plan (%.2f s):\n%s", took, render_plan(plan))
     else:

@@ -89,6 +89,8 @@ class MemoryPlan(msgspec.Struct, frozen=True):
     budget: MemoryBudget
     requests_at_context: int
     fixes: Fixes | None
+    # Why the profile's `lone_step: max-autotune` is planned (and served) as `compiled`, if it is
+    dropped_copy: str | None = None
 
     @property
     def needed(self) -> int:
@@ -125,13 +127,26 @@ def plan_for_model(model: str | Path, profile: Profile, gpu_memory: str | None =
 def memory_plan(
     shape: ModelShape, profile: Profile, budget: MemoryBudget, model: str = "model"
 ) -> MemoryPlan:
-    """The plan, pure arithmetic: items, total, verdict, how many requests fit, and fixes if needed."""
+    """The plan, pure arithmetic: items, total, verdict, how many requests fit, and fixes if needed.
+
+    `lone_step: max-autotune`'s copy of the weights is a speed-up, not something the requests
+    need: when the plan with it does not fit, the profile is planned with `lone_step: compiled`
+    (the same graph on the one copy of the weights) and the plan says so (`dropped_copy`); the
+    plan's `profile` is what to load."""
     items = plan_items(shape, profile, budget.counts_cuda_context)
     needed = needed_bytes(items, shape, profile)
+    dropped = None
+    if needed > budget.bytes and profile.lone_step == "max-autotune":
+        copy = short_bytes_text(lone_step_copy_bytes(shape, profile))
+        dropped = f"lone_step: max-autotune planned as compiled: its GEMM template copy ({copy}) does not fit"
+        profile = replace(profile, lone_step="compiled")
+        items = plan_items(shape, profile, budget.counts_cuda_context)
+        needed = needed_bytes(items, shape, profile)
     return MemoryPlan(
         model=model, profile=profile, shape=shape, context=effective_context(shape, profile),
         items=items, budget=budget, requests_at_context=_requests_at_context(shape, profile, budget),
         fixes=None if needed <= budget.bytes else _fixes(shape, profile, budget, needed),
+        dropped_copy=dropped,
     )
 
 

@@ -22,7 +22,8 @@ def render_plan(plan: MemoryPlan) -> str:
             PlanItem("available", plan.budget.bytes, plan.budget.source)]
     width = max(len(bytes_text(item.bytes)) for item in rows)
     table = [f"  {item.name:<18}{bytes_text(item.bytes):>{width}}  {item.note}".rstrip() for item in rows]
-    return "\n".join([*_header_lines(plan), "", *table, "", *_verdict_lines(plan)])
+    dropped = [f"  {plan.dropped_copy}"] if plan.dropped_copy else []
+    return "\n".join([*_header_lines(plan), *dropped, "", *table, "", *_verdict_lines(plan)])
 
 
 def _header_lines(plan: MemoryPlan) -> list[str]:

@@ -82,7 +82,7 @@ def test_kv_cache_lines_reserve_the_running_set_and_the_prefix_cache() -> None:
 def test_max_autotune_plans_a_second_copy_of_every_matmul_weight() -> None:
     budget = MemoryBudget(bytes=1024 * GiB, source="test", counts_cuda_context=False)
     for name, weight_bytes in (("cpu-bf16", 2), ("cpu", 4)):
-        plain = memory_plan(LLAMA, load_profile(name), budget)
+        plain = memory_plan(LLAMA, replace(load_profile(name), lone_step="compiled"), budget)
         tuned = memory_plan(LLAMA, replace(load_profile(name), lone_step="max-autotune"), budget)
         lines = {item.name: item.bytes for item in tuned.items}
         # the decoder's linear layers and the untied head, in the weights' dtype
@@ -93,6 +93,27 @@ def test_max_autotune_plans_a_second_copy_of_every_matmul_weight() -> None:
             memory_plan(LLAMA, replace(load_profile("cpu-int8"), lone_step="max-autotune"), budget).items}
     rows = LLAMA.layers * (4096 + 1024 + 1024 + 4096 + 2 * 14336 + 4096) + 128256  # a bf16 scale each
     assert int8["lone step weights"] == LLAMA.linear_params + LLAMA.lm_head_params + 2 * rows
+
+
+def test_a_template_copy_that_does_not_fit_is_planned_away_not_refused() -> None:
+    tuned = replace(load_profile("cpu-bf16"), lone_step="max-autotune")
+    compiled = replace(tuned, lone_step="compiled")
+    roomy = MemoryBudget(bytes=1024 * GiB, source="test", counts_cuda_context=False)
+    needs = memory_plan(LLAMA, compiled, roomy).needed
+    copy = memory_plan(LLAMA, tuned, roomy).needed - needs
+    # room for everything but the copy: served as `compiled`, and the plan says why
+    tight = memory_plan(LLAMA, tuned, MemoryBudget(needs + copy // 2, "test"), "llama")
+    assert tight.fits and tight.profile.lone_step == "compiled" and tight.needed == needs
+    assert "lone step weights" not in {item.name for item in tight.items}
+    assert tight.dropped_copy is not None and "GEMM template copy" in tight.dropped_copy
+    assert tight.dropped_copy in render_plan(tight)
+    # room for the copy too: kept
+    kept = memory_plan(LLAMA, tuned, MemoryBudget(needs + copy, "test"))
+    assert kept.fits and kept.profile.lone_step == "max-autotune" and kept.dropped_copy is None
+    # room for neither: the refusal is the compiled plan's, its fixes without the copy
+    short = memory_plan(LLAMA, tuned, MemoryBudget(needs // 2, "test"))
+    assert not short.fits and short.profile.lone_step == "compiled" and short.fixes is not None
+    assert short.fixes.memory_needed == needs
 
 
 def test_measured_free_memory_already_excludes_the_cuda_context() -> None:
