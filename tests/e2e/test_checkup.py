@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmd.config import load_profile
+from tests.helpers.configs import eager_profile
+from tests.helpers.daemon import eager_auto_profile
 
-CPU = load_profile("cpu")
+CPU = eager_profile()
 
 
 def llmd(*args: str) -> subprocess.CompletedProcess[str]:
@@ -16,8 +17,8 @@ def llmd(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, check=False)
 
 
-def test_check_loads_the_model_and_prints_the_checklist(tiny_model: Path) -> None:
-    result = llmd("check", "--model", str(tiny_model))
+def test_check_loads_the_model_and_prints_the_checklist(tiny_model: Path, tmp_path: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model), *eager_auto_profile(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "FITS" in out and "measured after loading on cpu" in out

@@ -15,7 +15,7 @@ import pytest
 
 from llmd.demo.files import read_demo_cycle
 from llmd.errors import EXIT_CONFIG, EXIT_DEVICE_UNAVAILABLE, EXIT_PREFLIGHT
-from tests.helpers.configs import LLAMA_3_1_8B
+from tests.helpers.configs import LLAMA_3_1_8B, eager_profile_file
 from tests.helpers.daemon import start_daemon
 
 
@@ -72,8 +72,8 @@ def llama_8b_config_only(tmp_path: Path) -> Path:
     return model
 
 
-def test_check_prints_the_plan_and_exits_0_when_it_fits(tiny_model: Path) -> None:
-    result = llmd("check", "--model", str(tiny_model), "--profile", "cpu")
+def test_check_prints_the_plan_and_exits_0_when_it_fits(tiny_model: Path, tmp_path: Path) -> None:
+    result = llmd("check", "--model", str(tiny_model), "--profile", str(eager_profile_file(tmp_path)))
     assert result.returncode == 0, result.stderr
     assert "weights" in result.stdout and "kv cache" in result.stdout
     assert "available RAM now" in result.stdout and "FITS" in result.stdout

@@ -1,4 +1,5 @@
-"""Quantized profiles end to end: `llmd serve` loads the tiny model in 4 bits, or in int8, and answers."""
+"""Profiles end to end: `llmd serve` loads the tiny model in 4 bits, or in int8, and answers; the
+shipped CPU profile compiles its steps before /ready."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from llmd.config import load_profile
+from llmd.preflight.hardware import choose_profile, detect_hardware
 from tests.helpers.configs import nf4_cpu_profile
 from tests.helpers.daemon import start_daemon
 
@@ -35,3 +38,22 @@ def test_a_quantized_profile_serves_a_request(tiny_model: Path, tmp_path: Path, 
         assert "matmuls on inductor's GEMM template" in log and "lone step weights" in log
         # and the shipped batch step
         assert "(batch_step: compiled, compiled and proven in" in log
+
+
+@pytest.mark.slow
+def test_the_cpu_profile_auto_chooses_compiles_both_steps(tiny_model: Path, tmp_path: Path) -> None:
+    chosen, _ = choose_profile(detect_hardware())
+    if load_profile(chosen).device != "cpu":
+        pytest.skip(f"`auto` chooses {chosen} here, not a CPU profile")
+    daemon = start_daemon(tmp_path, "--model", str(tiny_model), "--profile", "auto")
+    try:
+        client = openai.OpenAI(base_url=daemon.base_url, api_key="none")
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=8,
+                                               messages=[{"role": "user", "content": "Hello"}])
+        assert reply.usage is not None and reply.usage.completion_tokens == 8
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+    log = daemon.log()
+    assert f"with profile {chosen} " in log and "lone step weights" in log
+    assert "(lone_step: max-autotune, compiled and proven in" in log
+    assert "(batch_step: compiled, compiled and proven in" in log

@@ -17,11 +17,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from llmd.config import load_profile
 from llmd.engine.types import Request, SamplingParams, StepResult
 from llmd.engine.worker import EngineWorker, WorkerHooks
 from llmd.errors import EXIT_PREFLIGHT
 from llmd.service.notify import EngineHealth, Notifier, Watchdog
+from tests.helpers.configs import eager_profile
 from tests.helpers.daemon import start_daemon, wait_until_ready
 from tests.helpers.waiting import wait_until
 
@@ -120,7 +120,7 @@ def test_no_ready_when_the_preflight_refuses(tiny_model: Path, tmp_path: Path, s
 
 def test_a_wedged_worker_stops_the_watchdog_pings(tiny_model: Path, systemd: Systemd) -> None:
     ready, wedge, release = threading.Event(), threading.Event(), threading.Event()
-    worker = EngineWorker(tiny_model, load_profile("cpu"), WorkerHooks(
+    worker = EngineWorker(tiny_model, eager_profile(), WorkerHooks(
         deliver=lambda events: None, on_ready=ready.set, on_fatal=lambda exc: None))
     worker.start()
     assert ready.wait(60) and worker.runner is not None

@@ -13,7 +13,6 @@ from msgspec.structs import replace
 from transformers import AutoModelForCausalLM
 
 from llmd.bench.decoder import InProcessDecoder
-from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.runner import ModelRunner
@@ -22,6 +21,7 @@ from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams, StepResult
 from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
+from tests.helpers.configs import eager_profile
 from tests.helpers.engine import PROMPT, greedy, record_logits, run_with_engine, staggered_batch, text_of
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 
 def test_runner_greedy_equals_model_generate(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(64))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(63)]
@@ -45,7 +45,7 @@ def test_runner_logits_with_kv_cache_equal_a_full_forward_pass(
 ) -> None:
     """The demo model's argmax barely depends on context, so compare logits, not tokens."""
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(24))
     generated = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(23)]
@@ -63,7 +63,7 @@ def test_penalized_requests_count_their_own_tokens(tiny_model: Path) -> None:
         counted.append(-1.0 if counts is None else float(counts.sum()))
         return sample(logits, params, gen, counts)
 
-    runner = ModelRunner(tiny_model, load_profile("cpu"))  # before: its load-time probe samples too
+    runner = ModelRunner(tiny_model, eager_profile())  # before: its load-time probe samples too
     runner.sampler = recording_sample
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     penalized = Request("p", prompt, greedy(5, frequency_penalty=0.5))
@@ -253,7 +253,7 @@ def test_batched_decode_equals_each_request_alone(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), kv_cache=kv_cache))
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (3 * k + 1)}]) for k in range(8)]
     assert len({len(p) for p in prompts}) == 8, "prompt lengths must differ to exercise padding"
@@ -272,7 +272,7 @@ def test_a_burst_prefilled_together_equals_each_request_alone(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), kv_cache=kv_cache))
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": "word " * (5 * k + 1)}]) for k in range(5)]
     early = Request("early", prompts[0], greedy(99))
@@ -296,7 +296,7 @@ def test_a_burst_prefilled_together_equals_each_request_alone(
 
 
 def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache="dynamic"))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), kv_cache="dynamic"))
     tokenizer = ChatTokenizer(tiny_model)
     short = Request("s", tokenizer.encode_chat([{"role": "user", "content": "hi"}]), greedy(50))
     long = Request("l", tokenizer.encode_chat([{"role": "user", "content": "word " * 40}]), greedy(50))
@@ -312,7 +312,7 @@ def test_batch_shrinks_back_to_no_padding(tiny_model: Path) -> None:
 
 def test_chunked_prefill_equals_whole_prefill(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "word " * 30}])
     whole = Request("w", prompt, greedy(101))
     chunked = Request("c", prompt, greedy(102))
@@ -331,7 +331,7 @@ def test_fused_steps_equal_each_request_alone(
 ) -> None:
     """Decode rows and prompt chunks in one pass: joins, split prompts, a reused prefix, a leave."""
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     assert runner.fused and (runner.fast_paths.direct_problem is None)
     if not direct:  # what a model the direct step does not take runs
         monkeypatch.setattr(runner.batch, "direct", None)
@@ -368,7 +368,7 @@ def test_fused_steps_equal_each_request_alone(
     for request in running:
         runner.release(request.request_id)
     seen.clear()
-    alone_runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
+    alone_runner = ModelRunner(tiny_model, replace(eager_profile(), prefix_cache_tokens=0))
     assert_each_alone_gives(alone_runner, prompts, tokens, "f", batched, seen)
 
 
@@ -389,7 +389,7 @@ def count_forward_passes(runner: ModelRunner, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_abort_mid_prefill_frees_the_cache(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "word " * 30}])
     request = Request("r", prompt, greedy(5))
     assert runner.prefill(request, 10) is None and runner.active_sequences == 1
@@ -404,7 +404,7 @@ def test_prefix_reuse_gives_the_same_logits_as_a_full_prefill(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     tokenizer = ChatTokenizer(tiny_model)
     first = tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "first question"}])
     second = tokenizer.encode_chat([SYSTEM, {"role": "user", "content": "another one entirely"}])
@@ -430,7 +430,7 @@ def test_prefix_reuse_gives_the_same_logits_as_a_full_prefill(
 
 
 def test_an_identical_prompt_still_computes_its_last_token(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat([SYSTEM, {"role": "user", "content": "again"}])
     first = runner.first_token(Request("a", prompt, greedy(3)))
     again = Request("b", prompt, greedy(3))
@@ -440,7 +440,7 @@ def test_an_identical_prompt_still_computes_its_last_token(tiny_model: Path) -> 
 
 
 def test_prefix_cache_is_bounded_and_evicts_the_oldest(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     tokenizer = ChatTokenizer(tiny_model)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": f"{k} " + "word " * 30}]) for k in range(3)]
     runner.prefix_cache = type(runner.prefix_cache)(max_tokens=2 * len(prompts[0]) + 1, min_match=8)
@@ -490,7 +490,7 @@ def test_a_finished_exchange_is_reused_by_the_next_turn(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch, kv_cache: str
 ) -> None:
     seen = record_logits(monkeypatch)
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache, max_running=2))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), kv_cache=kv_cache, max_running=2))
     prompt = ChatTokenizer(tiny_model).encode_chat([{"role": "user", "content": "start a chat"}])
     other = Request("other", ChatTokenizer(tiny_model).encode_chat(PROMPT), greedy(50))
     runner.first_token(other)  # a longer batch neighbour, so the finished row sits behind padding
@@ -504,5 +504,5 @@ def test_a_finished_exchange_is_reused_by_the_next_turn(
     runner.reuse_prefix(reused)
     assert reused.prefilled == len(prompt) + 9  # all but the last reply token, never fed back
     runner.first_token(reused)
-    ModelRunner(tiny_model, load_profile("cpu")).first_token(Request("fresh", follow_up, greedy(202)))
+    ModelRunner(tiny_model, eager_profile()).first_token(Request("fresh", follow_up, greedy(202)))
     torch.testing.assert_close(seen[201][0], seen[202][0], rtol=1e-4, atol=1e-4)

@@ -16,7 +16,6 @@ import pytest
 import torch
 from msgspec.structs import replace
 
-from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sampling import Sampler, sample
@@ -24,6 +23,7 @@ from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, RowFailure, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
 from llmd.errors import EngineFailure
+from tests.helpers.configs import eager_profile
 
 POISONED = 77  # the max_tokens that marks the poisoned request
 STREAMS = 4
@@ -74,7 +74,7 @@ def collect(runner: ModelRunner, tokens: dict[str, list[Sampled]], requests: lis
 
 def assert_streams_as_alone(tiny_model: Path, tokens: dict[str, list[Sampled]],
                             texts: list[list[int]]) -> None:
-    reference = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
+    reference = ModelRunner(tiny_model, replace(eager_profile(), prefix_cache_tokens=0))
     for k in range(STREAMS):
         got = tokens[f"s{k}"]
         assert all(isinstance(t, int) for t in got), got
@@ -93,7 +93,7 @@ def start_streams(runner: ModelRunner, texts: list[list[int]], poisoned: Request
 
 @pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
 def test_a_row_that_fails_to_sample_ends_alone_in_a_decode_step(tiny_model: Path, kv_cache: str) -> None:
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), kv_cache=kv_cache),
+    runner = ModelRunner(tiny_model, replace(eager_profile(), kv_cache=kv_cache),
                          sampler=poisoning_sampler(good_tokens=3))
     texts = prompts(tiny_model, STREAMS + 1)
     tokens: dict[str, list[Sampled]] = {}
@@ -113,7 +113,7 @@ def test_a_row_that_fails_to_sample_ends_alone_in_a_decode_step(tiny_model: Path
 def test_a_row_that_fails_to_sample_ends_alone_in_a_fused_step(tiny_model: Path, fails: str) -> None:
     """Decode rows and a newcomer's prompt chunks in one pass; the poisoned request is a decode
     row of that pass, or the newcomer whose chunk completes its prompt."""
-    runner = ModelRunner(tiny_model, load_profile("cpu"), sampler=poisoning_sampler(good_tokens=2))
+    runner = ModelRunner(tiny_model, eager_profile(), sampler=poisoning_sampler(good_tokens=2))
     assert runner.fused
     texts = prompts(tiny_model, STREAMS + 2)
     tokens: dict[str, list[Sampled]] = {}
@@ -140,7 +140,7 @@ def test_a_row_that_fails_to_sample_ends_alone_in_a_fused_step(tiny_model: Path,
 def test_non_finite_model_output_fails_only_its_row_and_is_not_cached(tiny_model: Path) -> None:
     """A prompt token whose embedding is NaN: the model's logits for that row are NaN, and even
     greedy sampling (where argmax would quietly pick a token) ends that request alone."""
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_min_match=1))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), prefix_min_match=1))
     texts = prompts(tiny_model, STREAMS + 1)
     bad_token = runner.vocab_size - 1
     assert all(bad_token not in text for text in texts)
@@ -161,7 +161,7 @@ def test_non_finite_model_output_fails_only_its_row_and_is_not_cached(tiny_model
 def test_a_failed_rows_keys_and_values_never_reach_the_next_owner_of_its_slot(tiny_model: Path) -> None:
     """A row that failed may leave non-finite keys and values in its static slot. The next
     owner's masked columns weigh 0 there, but 0 * NaN is NaN: the slot is zeroed when freed."""
-    runner = ModelRunner(tiny_model, replace(load_profile("cpu"), prefix_cache_tokens=0))
+    runner = ModelRunner(tiny_model, replace(eager_profile(), prefix_cache_tokens=0))
     texts = prompts(tiny_model, 3)  # longer with k
     greedy = SamplingParams(max_tokens=8, temperature=0.0)
     expected = alone(runner, texts[0], greedy, 8)
@@ -186,7 +186,7 @@ def test_the_worker_ends_the_poisoned_request_and_streams_the_others(tiny_model:
             return "".join([event.text async for event in events])
 
     async def main() -> tuple[list[str | BaseException], list[str]]:
-        worker = EngineWorker(tiny_model, load_profile("cpu"))
+        worker = EngineWorker(tiny_model, eager_profile())
         engine = EngineClient(worker, max_context=512)
         await engine.start()
         try:
@@ -209,7 +209,7 @@ def test_the_worker_ends_the_poisoned_request_and_streams_the_others(tiny_model:
 
 
 def test_extreme_sampling_values_give_the_greedy_tokens(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     text = prompts(tiny_model, 1)[0]
     greedy = alone(runner, text, SamplingParams(max_tokens=12, temperature=0.0), 12)
     for extreme in (dict(temperature=1e-38), dict(top_p=1e-45), dict(temperature=1e-6, top_p=7e-46)):

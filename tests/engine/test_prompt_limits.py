@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from llmd.config import load_profile
 from llmd.engine.client import EngineClient
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS
 from llmd.errors import ContextLengthExceeded
+from tests.helpers.configs import eager_profile
 
 
 def chat(content: str) -> list[dict[str, str]]:
@@ -21,7 +21,7 @@ def test_the_engine_refuses_early_and_queues_only_large_prompts(tiny_model: Path
     async def main() -> None:
         from llmd.engine.worker import EngineWorker  # the model side, only for this test
 
-        engine = EngineClient(EngineWorker(tiny_model, load_profile("cpu")), max_context=512)
+        engine = EngineClient(EngineWorker(tiny_model, eager_profile()), max_context=512)
         await engine.start()
         try:
             with pytest.raises(ContextLengthExceeded, match="at least"):

@@ -9,7 +9,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from llmd.bench.decoder import InProcessDecoder
-from llmd.config import load_profile
 from llmd.demo.tokenizer import SPECIAL_TOKENS, START_HEADER_TOKEN
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
@@ -17,6 +16,7 @@ from llmd.engine.model.sampling import Sampler, sample
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request, SamplingParams
 from llmd.engine.worker import EngineWorker
+from tests.helpers.configs import eager_profile
 from tests.helpers.engine import PROMPT, greedy, run_with_engine, text_of
 
 START_HEADER_TOKEN_ID = SPECIAL_TOKENS.index(START_HEADER_TOKEN)  # special: decoding skips its text
@@ -24,7 +24,7 @@ PENALTY = 10.0  # the demo model's walk is confident: a mild penalty changes not
 
 
 def test_greedy_with_repetition_penalty_equals_generate(tiny_model: Path) -> None:
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     request = Request("r", prompt, greedy(48, repetition_penalty=PENALTY))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(47)]

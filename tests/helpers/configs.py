@@ -1,13 +1,18 @@
 """Model and profile configurations for tests.
 
 Published Hugging Face `config.json` contents of real models, for planning without their
-weights, and a 4-bit profile that runs on the CPU.
+weights, a 4-bit profile that runs on the CPU, and the shipped CPU profiles with eager steps.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
+
+from llmd.config import PROFILES_DIR, Profile, load_profile
 
 LLAMA_3_1_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -53,4 +58,25 @@ def nf4_cpu_profile(tmp_path: Path) -> Path:
         "device: cpu\ndtype: bfloat16\nquantization: nf4\ndouble_quant: true\n"
         "max_context: 512\nmax_running: 2\n"
     )
+    return path
+
+
+def eager_profile(name: str = "cpu", **changes: Any) -> Profile:
+    """A shipped profile with both decode steps eager, and `changes`.
+
+    The shipped CPU profiles compile their steps at load (a minute of max-autotune on two cores);
+    a test that is not about the compiled steps loads its model in seconds this way, and the
+    tests of the compiled steps ask for them."""
+    return replace(load_profile(name), lone_step="eager", batch_step="eager", **changes)
+
+
+def eager_profile_file(directory: Path, name: str = "cpu") -> Path:
+    """`eager_profile(name)` as a profile file, for a daemon or a command line: the shipped file
+    with its `lone_step` and `batch_step` lines set to eager."""
+    text = (PROFILES_DIR / f"{name}.yaml").read_text(encoding="utf-8")
+    for key in ("lone_step", "batch_step"):
+        text, count = re.subn(rf"(?m)^{key}: .*$", f"{key}: eager", text)
+        assert count == 1, f"{name}.yaml has no single `{key}` line"
+    path = directory / f"{name}-eager.yaml"
+    path.write_text(text, encoding="utf-8")
     return path

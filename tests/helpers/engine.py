@@ -17,12 +17,13 @@ import torch
 import torch._dynamo
 from msgspec.structs import replace
 
-from llmd.config import Profile, load_profile
+from llmd.config import Profile
 from llmd.engine.client import EngineClient
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sampling import SequenceState
 from llmd.engine.types import Request, Sampled, SamplingParams
 from llmd.engine.worker import EngineWorker
+from tests.helpers.configs import eager_profile
 
 T = TypeVar("T")
 
@@ -82,7 +83,7 @@ async def text_of(engine: EngineClient, params: SamplingParams) -> tuple[str, st
 def static_profile(**changes: object) -> Profile:
     """The cpu profile on the static KV cache, with `changes`."""
     compiled = changes.get("compile", "none") != "none"  # compile packs its own weights
-    return replace(load_profile("cpu"), kv_cache="static", onednn_linear=not compiled, **changes)
+    return replace(eager_profile(), kv_cache="static", onednn_linear=not compiled, **changes)
 
 
 def unique_graphs() -> int:
@@ -96,7 +97,7 @@ def run_with_engine(
     """Start an engine (a worker and its client) on the tiny model, run `body`, shut the engine down."""
     import msgspec
 
-    config = msgspec.structs.replace(load_profile("cpu"), **profile)
+    config = msgspec.structs.replace(eager_profile(), **profile)
 
     async def main() -> T:
         worker = EngineWorker(tiny_model, config)

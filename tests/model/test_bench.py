@@ -7,13 +7,16 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.bench import bench_json
+from tests.helpers.configs import eager_profile_file
 
 Capture = pytest.CaptureFixture[str]
 
 
-def test_in_process_batch_on_the_tiny_model(tiny_model: Path, capsys: Capture) -> None:
-    code, report = bench_json(capsys, "--in-process", str(tiny_model), "-c", "2", "-n", "1",
-                              "--max-tokens", "8", "--prompt-tokens", "30", "--warmup", "0")
+def test_in_process_batch_on_the_tiny_model(tiny_model: Path, tmp_path: Path, capsys: Capture) -> None:
+    profile = str(eager_profile_file(tmp_path))
+    code, report = bench_json(capsys, "--in-process", str(tiny_model), "--profile", profile,
+                              "-c", "2", "-n", "1", "--max-tokens", "8", "--prompt-tokens", "30",
+                              "--warmup", "0")
     assert code == 0 and report["prompt_tokens"] == 30
     labels = [run["label"] for run in report["runs"]]
     assert labels == ["in-process runner", "in-process generate"]

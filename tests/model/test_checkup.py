@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from llmd.checkup import run_checkup
-from llmd.config import load_profile
 from llmd.demo.build import build_demo_model
 from llmd.preflight.hardware import MemoryBudget
 from llmd.preflight.plan import memory_plan
 from llmd.preflight.shape import read_model_shape
+from tests.helpers.configs import eager_profile
 
-CPU = load_profile("cpu")
+CPU = eager_profile()
 
 
 @pytest.mark.parametrize("size", ["tiny", "small"])

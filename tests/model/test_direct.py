@@ -11,11 +11,11 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from llmd.config import load_profile
 from llmd.engine.model import layer_walk
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
+from tests.helpers.configs import eager_profile
 from tests.helpers.engine import greedy, staggered_batch
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -52,7 +52,7 @@ def generate_alone(path: Path, prompt: list[int], count: int) -> list[int]:
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
 def test_each_layout_decodes_staggered_requests_as_generate_does_alone(tmp_path: Path, kind: str) -> None:
     path = saved_model(tmp_path, kind, **LAYOUTS[kind])
-    runner = ModelRunner(path, load_profile("cpu"))
+    runner = ModelRunner(path, eager_profile())
     assert runner.fast_paths.direct_problem is None
     assert isinstance(runner.batch, StaticDecodeBatch) and runner.batch.direct is not None
     layer = runner.batch.model.model.layers[0]  # the walk calls q/k/v and gate/up as one weight each
@@ -86,7 +86,7 @@ def test_a_layout_it_was_not_written_for_keeps_transformers_forward(tmp_path: Pa
     assert "model type 'gemma'" in (layer_walk.unsupported_reason(model) or "")
     with pytest.raises(ValueError, match="gemma"):
         layer_walk.DirectDecoder(model)
-    runner = ModelRunner(path, load_profile("cpu"))
+    runner = ModelRunner(path, eager_profile())
     assert runner.fast_paths.direct_problem is not None and "gemma" in runner.fast_paths.direct_problem
     request = Request("r", PROMPTS[1], greedy(8))
     ours = [runner.first_token(request)] + [runner.decode([request])[0] for _ in range(7)]
@@ -101,7 +101,7 @@ def test_a_direct_step_that_disagrees_with_transformers_is_not_used(
 
     monkeypatch.setattr(layer_walk, "rotated", no_rotary)
     with caplog.at_level(logging.WARNING, "llmd.engine"):
-        runner = ModelRunner(tiny_model, load_profile("cpu"))
+        runner = ModelRunner(tiny_model, eager_profile())
     problem = runner.fast_paths.direct_problem
     assert problem is not None and "logits differ" in problem
     assert "the direct step failed its probe" in caplog.text
@@ -122,7 +122,7 @@ def test_a_lone_request_runs_without_a_mask_and_a_padded_batch_with_one(
         masks.append(args[2].__self__.mask is not None)  # the step's attention: a bound Window.attend
         return real_forward(self, *args)
 
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     monkeypatch.setattr(layer_walk.DirectDecoder, "forward", recording_forward)
     first, second = (Request(f"r{k}", PROMPTS[3 - 2 * k], greedy(10)) for k in range(2))
     runner.first_token(first)

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from llmd.engine.grammar import GrammarCompiler
 from llmd.engine.types import GrammarRequest
+from tests.helpers.configs import eager_profile
 
 BOUNDED = json.dumps({
     "type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
@@ -63,14 +64,13 @@ def run_until_eos(runner: Any, requests: list[Any], steps: int) -> dict[str, lis
 
 
 def test_constrained_rows_follow_the_schema_and_their_neighbour_is_untouched(tiny_model: Path) -> None:
-    from llmd.config import load_profile
     from llmd.engine.grammar import BoundGrammar
     from llmd.engine.model.runner import ModelRunner
     from llmd.engine.tokenizer import ChatTokenizer
     from llmd.engine.types import Request, SamplingParams
     from tests.helpers.engine import PROMPT, greedy
 
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     hf = AutoTokenizer.from_pretrained(str(tiny_model))
     view = llguidance.hf.from_tokenizer(hf, n_vocab=runner.vocab_size, eos_token=sorted(runner.eos_token_ids))
     constraint = BoundGrammar(GrammarCompiler(view).compile(GrammarRequest(BOUNDED, "p")), view)

@@ -15,9 +15,9 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.sdpa import BACKENDS, sdpa_backend_status
 from llmd.engine.types import Request, SamplingParams
 from llmd.errors import PreflightRefusal
-from tests.helpers.configs import nf4_cpu_profile
+from tests.helpers.configs import eager_profile, nf4_cpu_profile
 
-CPU = load_profile("cpu")
+CPU = eager_profile()
 
 
 def kv_keys(runner: ModelRunner, prompt: list[int]) -> torch.Tensor:

@@ -32,6 +32,7 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.types import Request
 from llmd.engine.worker import EngineWorker
+from tests.helpers.configs import eager_profile
 from tests.helpers.engine import (
     greedy,
     record_logits,
@@ -322,7 +323,7 @@ def test_profiles_the_compiled_steps_cannot_serve_are_refused(
 
 def test_llmd_check_says_whether_the_compiled_lone_step_it_asked_for_was_proven() -> None:
     tuned = msgspec.structs.replace(load_profile("cpu-int8"), lone_step="max-autotune")
-    assert lone_step_check(load_profile("cpu"), FastPaths(None, None, "not asked")) is None  # eager
+    assert lone_step_check(eager_profile(), FastPaths(None, None, "not asked")) is None  # eager
     proven = lone_step_check(tuned, FastPaths(None, None, None, 21.5, 85))
     assert proven is not None and proven.ok
     assert proven.detail == ("one graph (max-autotune), compiled and proven in 21.5 s, "
@@ -335,7 +336,7 @@ def test_llmd_check_says_whether_the_compiled_lone_step_it_asked_for_was_proven(
 
 def test_llmd_check_says_whether_the_compiled_batch_step_it_asked_for_was_proven() -> None:
     asked = msgspec.structs.replace(load_profile("cpu"), kv_cache="static", batch_step="compiled")
-    assert batch_step_check(load_profile("cpu"), FastPaths(None, None, None)) is None  # eager
+    assert batch_step_check(eager_profile(), FastPaths(None, None, None)) is None  # eager
     proven = batch_step_check(asked, FastPaths(None, None, None, batch_problem=None, batch_seconds=18.25))
     assert proven is not None and proven.ok and proven.detail == "one graph, compiled and proven in 18.2 s"
     refused = batch_step_check(asked, FastPaths(None, None, None, batch_problem="a window of 2 columns: x"))

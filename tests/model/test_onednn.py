@@ -28,9 +28,10 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch, UnsupportedCache
 from llmd.engine.model.threads import ThreadPlan
 from llmd.errors import ConfigError
+from tests.helpers.configs import eager_profile
 from tests.helpers.modules import TiedAndHalf
 
-CPU = load_profile("cpu")
+CPU = eager_profile()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

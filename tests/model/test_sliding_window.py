@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from llmd.config import load_profile
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.runner import ModelRunner
 from llmd.engine.types import Request, SamplingParams
+from tests.helpers.configs import eager_profile
 
 WINDOW = 16  # shorter than the prompts, so the window bites
 
@@ -35,7 +35,7 @@ def test_staggered_chunked_and_reused_requests_decode_as_generate_does_alone(
 ) -> None:
     path, model = sliding_model
     with caplog.at_level(logging.WARNING, "llmd.engine"):
-        runner = ModelRunner(path, load_profile("cpu"))
+        runner = ModelRunner(path, eager_profile())
     assert isinstance(runner.batch, DynamicDecodeBatch), "the static cache falls back for sliding windows"
     assert "decoding with the dynamic cache instead" in caplog.text
     shared = list(range(3, 23))  # 20 tokens: reused by the later requests (prefix_min_match 16)

@@ -14,6 +14,7 @@ from llmd.engine.model.runner import ModelRunner
 from llmd.engine.model.static_batch import StaticDecodeBatch
 from llmd.engine.tokenizer import ChatTokenizer
 from llmd.engine.types import Request
+from tests.helpers.configs import eager_profile
 from tests.helpers.engine import PROMPT, greedy, record_logits, staggered_batch, static_profile, unique_graphs
 
 # Five prompts of 18, 40, 24, 32 and 20 tokens: the second is longer than the column it joins at.
@@ -34,7 +35,7 @@ def static_batch(runner: ModelRunner) -> StaticDecodeBatch:
 
 def each_alone(tiny_model: Path, prompts: list[list[int]], counts: dict[str, int]) -> dict[str, list[int]]:
     """Each prompt decoded on its own on the dynamic path; logits recorded under 200 + k."""
-    runner = ModelRunner(tiny_model, load_profile("cpu"))
+    runner = ModelRunner(tiny_model, eager_profile())
     tokens = {}
     for k, prompt in enumerate(prompts):
         alone = Request(f"a{k}", prompt, greedy(200 + k))
@@ -102,7 +103,7 @@ def test_a_prompt_that_fills_the_cache_is_refused_and_released(tiny_model: Path)
 def test_kv_tensors_show_a_slot_as_the_dynamic_path_holds_it(tiny_model: Path) -> None:
     prompt = ChatTokenizer(tiny_model).encode_chat(PROMPT)
     runners = [ModelRunner(tiny_model, static_profile(max_running=2)),
-               ModelRunner(tiny_model, load_profile("cpu"))]
+               ModelRunner(tiny_model, eager_profile())]
     for runner in runners:
         runner.first_token(Request("neighbour", prompt + [9] * 7, greedy(3)))  # so the row is padded
         runner.first_token(Request("r", prompt, greedy(3)))
