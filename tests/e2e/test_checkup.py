@@ -6,8 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers.configs import eager_profile
-from tests.helpers.daemon import eager_auto_profile
+from tests.helpers.configs import eager_profile, eager_profile_file
 
 CPU = eager_profile()
 
@@ -18,7 +17,7 @@ def llmd(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_check_loads_the_model_and_prints_the_checklist(tiny_model: Path, tmp_path: Path) -> None:
-    result = llmd("check", "--model", str(tiny_model), *eager_auto_profile(tmp_path))
+    result = llmd("check", "--model", str(tiny_model), "--profile", str(eager_profile_file(tmp_path)))
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "FITS" in out and "measured after loading on cpu" in out

@@ -13,8 +13,6 @@ import httpx
 import psutil
 import pytest
 
-from llmd.config import load_profile
-from llmd.preflight.hardware import choose_profile, detect_hardware
 from tests.helpers.configs import eager_profile_file
 from tests.helpers.waiting import wait_until
 
@@ -72,11 +70,11 @@ def start_daemon(
     Its LLMD_HOME is `tmp/home`, so what it writes there (the response store) stays in the test's
     folder; a STATE_DIRECTORY inherited from the caller (a test run under systemd) is dropped, since
     it would win over LLMD_HOME. `env` may still set either. Without `--profile` it serves the
-    CPU profile `auto` would choose with its decode steps eager (`eager_profile_file`): compiling
-    them is a minute a daemon, and the tests that are about them ask for them.
+    default profile, `cpu`, with its decode steps eager (`eager_profile_file`): compiling them is a
+    minute a daemon, and the tests that are about them ask for them.
     """
     if "--profile" not in args:
-        args = (*args, *eager_auto_profile(tmp))
+        args = (*args, "--profile", str(eager_profile_file(tmp)))
     port = free_port()
     log_path = tmp / f"llmd-{port}.log"
     inherited = {key: value for key, value in os.environ.items() if key != "STATE_DIRECTORY"}
@@ -88,14 +86,6 @@ def start_daemon(
     if wait_ready:
         wait_until_ready(daemon, ready_timeout)
     return daemon
-
-
-def eager_auto_profile(directory: Path) -> list[str]:
-    """`--profile FILE`: the CPU profile `auto` chooses here, its steps eager; none on a GPU."""
-    chosen, _ = choose_profile(detect_hardware())
-    if load_profile(chosen).device != "cpu":
-        return []
-    return ["--profile", str(eager_profile_file(directory, chosen))]
 
 
 def wait_until_ready(daemon: Daemon, timeout: float = READY_TIMEOUT) -> None:
