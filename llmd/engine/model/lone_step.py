@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,11 +223,14 @@ def _templated() -> int:
 
 @contextlib.contextmanager
 def _quiet(select_algorithm: Any) -> Iterator[None]:
-    """Without autotuning's timing tables on stderr (the load log sums them up)."""
+    """Without autotuning's timing tables on stderr (the load log sums them up), nor the
+    deprecation warning torch gives when its own autotuner calls `Tensor.storage()`."""
     printing = select_algorithm.PRINT_AUTOTUNE
     select_algorithm.PRINT_AUTOTUNE = False
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+            yield
     finally:
         select_algorithm.PRINT_AUTOTUNE = printing
 
