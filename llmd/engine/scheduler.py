@@ -10,7 +10,12 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from llmd.engine.retry_after import recent_mean
 from llmd.engine.types import FinishReason, Request, RequestStatus
+
+# A step that prefills beside decoding streams may take this many of their decode steps' time
+# more (`ChunkPace`): at 1 a newcomer's chunk at most doubles the gap between their tokens.
+STRETCH = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +49,18 @@ class Scheduler:
     """Keeps the waiting queue and the running set of the one worker.
 
     Prompts are prefilled first come, first served, within a token budget per step. While
-    others decode the budget is `prefill_chunk_tokens`, so a long newcomer is spread over
-    several steps instead of freezing the running streams for its whole prefill; with nobody
-    decoding it is `max_step_tokens`, so a burst of newcomers is prefilled together in one
-    batched pass. Only the oldest unfinished prompt is ever split: requests behind it wait
-    until it is done, so nobody is overtaken and a long prompt cannot starve. A split never
-    leaves a tail of a quarter chunk or less for a pass of its own.
+    others decode the budget is `prefill_chunk_tokens` at most, so a long newcomer is spread
+    over several steps instead of freezing the running streams for its whole prefill; the
+    worker times each step into `pace`, which lowers it where prompt tokens are dear
+    (`ChunkPace`). With nobody decoding it is `max_step_tokens`, so a burst of newcomers is
+    prefilled together in one batched pass. Only the oldest unfinished prompt is ever split:
+    requests behind it wait until it is done, so nobody is overtaken and a long prompt cannot
+    starve.
+
+    A split never leaves a rest of a quarter of the step's budget or less (of
+    `prefill_chunk_tokens` while nobody decodes) for a step of its own; it is taken along,
+    within `max_step_tokens`: on the small demo model a 1-token pass costs 8 ms and 64 tokens
+    16 ms, so a 65-token prompt in 64 + 1 paid 24 ms for 16.
 
     A request with followers (more choices of its prompt) is admitted only when there are slots
     for all of them: they are forked from its prefill and `join` the running set then.
@@ -70,6 +81,7 @@ class Scheduler:
         self.lone_prefill_tokens = min(lone_prefill_tokens or self.max_step_tokens, self.max_step_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.pace = ChunkPace(prefill_chunk_tokens)  # the worker times its steps into it
 
     def add(self, request: Request) -> None:
         """Queue a new request behind everyone already waiting."""
@@ -82,11 +94,12 @@ class Scheduler:
         lone = None if plan.decode else self._lone()
         if lone is not None:
             return self._lone_step(plan, lone)
-        budget = self.prefill_chunk_tokens if plan.decode else self.max_step_tokens
+        budget = self.pace.budget() if plan.decode else self.max_step_tokens
+        tail = min(budget, self.prefill_chunk_tokens) // 4
         for request in self._prefill_candidates():
             remaining = len(request.prompt_ids) - request.prefilled
             size = min(remaining, budget)
-            if 0 < remaining - size <= self._tail(size):
+            if 0 < remaining - size <= min(tail, self.max_step_tokens - size):
                 size = remaining  # a separate pass for a short tail costs a whole step's overhead
             if size < remaining and plan.prefill:
                 break  # a later prompt is only split when it is the oldest in line
@@ -129,12 +142,6 @@ class Scheduler:
         size = lone_piece(remaining, self.lone_prefill_tokens, self.max_step_tokens)
         plan.prefill.append(PrefillChunk(request, request.prefilled, request.prefilled + size))
         return plan
-
-    def _tail(self, size: int) -> int:
-        """The longest prompt rest taken along with a `size`-token chunk instead of in a pass of its
-        own: a quarter chunk, within `max_step_tokens`. On the small demo model a 1-token pass
-        costs 8 ms and 64 tokens 16 ms, so a 65-token prompt in 64 + 1 paid 24 ms for 16."""
-        return min(self.prefill_chunk_tokens // 4, self.max_step_tokens - size)
 
     def _prefill_candidates(self) -> Iterator[Request]:
         """Unfinished prompts in arrival order: those already running, then admissible waiters."""
@@ -190,6 +197,54 @@ def aborted(request: Request) -> Request:
     """Mark a request dropped from the scheduler as aborted; returns it."""
     request.status = RequestStatus.ABORTED
     return request
+
+
+class ChunkPace:
+    """How many prompt tokens a step may prefill beside decoding streams: as many as cost them
+    `STRETCH` decode steps' time more, within the profile's `prefill_chunk_tokens` (`ceiling`).
+
+    A newcomer's chunk runs in the same forward pass as the running streams' tokens, so that
+    step's gap is their decode step plus the chunk. A fixed token count costs what the model
+    makes it: on the small demo model (bfloat16, 2-core Xeon) 32 prompt tokens beside 7 streams
+    add a few ms to an 8 ms step, on the medium one 45-50 ms to a 28 ms step, so at 8 clients
+    its streams stalled 72-106 ms a step whenever one of them started a new request (llama.cpp's
+    worst gap there: 74 ms). The worker times every step (`observe`): steps of decoding alone
+    give the decode step's time, steps with a chunk beside them what each prompt token added.
+    Before the first such step, a pass of at least `ceiling` prompt tokens with nobody decoding
+    gives a first price: its time per token, the pass's fixed cost included (dearer than a
+    token beside decoding streams: it errs towards smaller chunks), replaced by the first price
+    measured beside them. Until a decode step and a price are known, or where tokens are cheap,
+    the budget is the ceiling; it never drops below a quarter of it (a pass has a fixed cost
+    too, and a prompt must get through).
+
+    Pure: the worker thread writes, the scheduler on the same thread reads."""
+
+    __slots__ = ("ceiling", "decode_seconds", "first_price", "token_seconds")
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self.decode_seconds: float | None = None  # a step of decoding alone, recent mean
+        self.token_seconds: float | None = None  # what a prompt token adds to such a step
+        self.first_price = False  # token_seconds is a prefill pass's, not yet one measured beside streams
+
+    def observe(self, seconds: float, decoding: int, prefilled: int) -> None:
+        """Count a step of `decoding` streams and `prefilled` prompt tokens that took `seconds`."""
+        if not decoding:
+            if prefilled >= self.ceiling and (self.token_seconds is None or self.first_price):
+                self.token_seconds, self.first_price = seconds / prefilled, True
+        elif not prefilled:
+            self.decode_seconds = recent_mean(self.decode_seconds, seconds)
+        elif self.decode_seconds is not None:
+            added = max(seconds - self.decode_seconds, 0.0) / prefilled
+            self.token_seconds = recent_mean(None if self.first_price else self.token_seconds, added)
+            self.first_price = False
+
+    def budget(self) -> int:
+        """Prompt tokens for the next step beside decoding streams, `ceiling // 4` to `ceiling`."""
+        if self.decode_seconds is None or not self.token_seconds:
+            return self.ceiling
+        affordable = int(STRETCH * self.decode_seconds / self.token_seconds)
+        return max(min(affordable, self.ceiling), max(self.ceiling // 4, 1))
 
 
 def lone_piece(remaining: int, piece: int, max_step_tokens: int) -> int:

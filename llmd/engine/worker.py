@@ -317,6 +317,9 @@ class EngineWorker:
             self._fail(plan.decode + prefilling, exc, events)
         else:
             self._collect(plan.decode, [chunk.request for chunk in plan.prefill], result, events)
+            # what the step cost the streams, and each prompt token beside them (the chunk budget)
+            prefilled = sum(chunk.stop - chunk.start for chunk in plan.prefill)
+            self.scheduler.pace.observe(time.perf_counter() - started, len(plan.decode), prefilled)
         self.heartbeat.step_finished()
         if plan.decode:  # each running stream waited this long for its token
             self.pace.observe(time.perf_counter() - started)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from llmd.engine.scheduler import Scheduler, StepPlan, lone_piece
+import pytest
+
+from llmd.engine.scheduler import ChunkPace, Scheduler, StepPlan, lone_piece
 from llmd.engine.types import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -225,3 +227,74 @@ def test_a_group_alone_is_prefilled_in_pieces_and_counts_its_followers_slots() -
     tight.add(group("g", followers=2, prompt_tokens=30))
     tight.add(request("b", 30))  # no slot left beside the group's three
     assert run_chunks(tight.schedule()) == [("g", 0, 8, False)]
+
+
+def test_the_chunk_budget_is_the_ceiling_until_a_prompt_token_has_been_priced() -> None:
+    pace = ChunkPace(32)
+    assert pace.budget() == 32
+    pace.observe(0.010, decoding=0, prefilled=20)  # a short pass alone: mostly its fixed cost, no price
+    pace.observe(0.070, decoding=7, prefilled=32)  # no decode step timed yet to price it against
+    assert pace.budget() == 32 and pace.token_seconds is None
+    pace.observe(0.028, decoding=7, prefilled=0)
+    assert pace.budget() == 32  # the decode step alone is known, a prompt token not yet
+
+
+def test_dear_prompt_tokens_get_a_chunk_that_costs_the_streams_one_more_decode_step() -> None:
+    pace = ChunkPace(32)
+    pace.observe(0.028, decoding=7, prefilled=0)
+    pace.observe(0.076, decoding=7, prefilled=32)  # 1.5 ms a prompt token on top of 28 ms
+    assert pace.budget() == 18  # 18 x 1.5 = 27 ms: the step takes about two decode steps
+    for _ in range(50):  # prompt tokens dearer still: never below a quarter of the ceiling
+        pace.observe(0.300, decoding=7, prefilled=18)
+    assert pace.budget() == 8
+
+
+def test_a_prefill_pass_alone_gives_a_first_price_until_one_beside_the_streams() -> None:
+    pace = ChunkPace(32)
+    pace.observe(0.016, decoding=1, prefilled=0)
+    pace.observe(0.800, decoding=0, prefilled=400)  # a burst: 2 ms a token, its fixed cost included
+    assert pace.first_price and pace.budget() == 8  # 16 ms / 2 ms, at least a quarter of 32
+    pace.observe(0.100, decoding=0, prefilled=64)  # a later pass alone replaces a first price
+    assert pace.token_seconds == pytest.approx(0.100 / 64)
+    pace.observe(0.016 + 0.0005 * 8, decoding=1, prefilled=8)  # beside the stream: 0.5 ms a token
+    assert not pace.first_price and pace.token_seconds == pytest.approx(0.0005)  # replaced, not averaged
+    assert pace.budget() == 32
+    pace.observe(1.0, decoding=0, prefilled=500)  # measured prices are kept from now on
+    assert pace.token_seconds == pytest.approx(0.0005)
+
+
+def test_cheap_prompt_tokens_keep_the_ceiling_and_recent_steps_count_most() -> None:
+    pace = ChunkPace(32)
+    pace.observe(0.008, decoding=8, prefilled=0)
+    pace.observe(0.012, decoding=7, prefilled=32)  # 0.125 ms a token: 64 would still fit
+    assert pace.budget() == 32
+    pace.observe(0.006, decoding=7, prefilled=32)  # faster than decoding alone: costs nothing
+    assert pace.token_seconds is not None and pace.token_seconds < 0.000125
+    for _ in range(30):  # the streams' steps grow dearer (more rows, longer caches)
+        pace.observe(0.040, decoding=8, prefilled=0)
+    assert pace.decode_seconds == pytest.approx(0.040, abs=0.001)
+
+
+def test_beside_decoding_streams_the_scheduler_splits_prompts_by_the_paced_budget() -> None:
+    scheduler = Scheduler(max_running=4, prefill_chunk_tokens=32, max_step_tokens=1000)
+    scheduler.add(request("a"))
+    run_chunks(scheduler.schedule())
+    scheduler.pace.observe(0.028, decoding=1, prefilled=0)
+    scheduler.pace.observe(0.076, decoding=1, prefilled=32)
+    scheduler.add(request("long", prompt_tokens=60))
+    chunks = []
+    for _ in range(3):
+        plan = scheduler.schedule()
+        assert ids(plan.decode) == ["a"]
+        chunks += run_chunks(plan)
+    # 18, 18, 18 and a rest of 6 in a step of its own: more than a quarter of the paced 18
+    # (taken along, a quarter of the ceiling would have made that step cost 24 tokens)
+    assert chunks == [("long", 0, 18, False), ("long", 18, 36, False), ("long", 36, 54, False)]
+    assert run_chunks(scheduler.schedule()) == [("long", 54, 60, True)]
+    scheduler.add(request("just-over", prompt_tokens=22))
+    assert run_chunks(scheduler.schedule()) == [("just-over", 0, 22, True)]  # a rest of 4 goes along
+    for running in list(scheduler.running):
+        scheduler.finish(running, FinishReason.STOP)
+    scheduler.add(request("burst", prompt_tokens=60))  # nobody decoding: the pace does not apply
+    scheduler.add(request("other", prompt_tokens=60))
+    assert run_chunks(scheduler.schedule()) == [("burst", 0, 60, True), ("other", 0, 60, True)]
