@@ -279,6 +279,10 @@ class EngineStats:
     # engine cores); None where the engine has no block pool (the native engine's caches are per
     # request and preflight sized them).
     kv_cache_usage: float | None = None
+    # Prompt tokens a step may prefill beside decoding streams now: the profile's
+    # `prefill_chunk_tokens`, fewer where a prompt token is dear (scheduler.ChunkPace); None where
+    # the engine does not pace its chunks (vLLM).
+    prefill_chunk_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,7 @@ class EngineWorker:
             generated_tokens=self.generated_tokens,
             prefix_hits=self.runner.prefix_cache.hits if self.runner else 0,
             prefix_tokens_reused=self.runner.prefix_cache.reused_tokens if self.runner else 0,
+            prefill_chunk_tokens=self.scheduler.pace.budget(),
         )
 
     def _post(self, item: Request | str) -> None:

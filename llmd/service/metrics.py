@@ -209,6 +209,11 @@ class EngineCollector:
                      "Share of the KV cache's blocks in use, 0-1, as vLLM's scheduler reports it (vLLM "
                      "engine only: the native engine's caches are per request, sized by preflight).",
                      stats.kv_cache_usage if stats else None)
+        yield _gauge("llmd_prefill_chunk_tokens",
+                     "Prompt tokens a step may prefill beside decoding streams now: the profile's "
+                     "prefill_chunk_tokens, fewer where a prompt token costs the streams more (native "
+                     "engine only).",
+                     stats.prefill_chunk_tokens if stats else None)
         yield _gauge("llmd_gpu_memory_used_bytes",
                      "GPU memory llmd holds on the serving device (CUDA allocator reserved; CUDA only).",
                      memory[0] if memory else None)

@@ -25,6 +25,8 @@ def test_a_newcomer_beside_a_decoding_stream_prices_its_prompt_tokens(tiny_model
                 newcomer_tokens = len([event async for event in newcomer])
             later = [await anext(stream) for _ in range(3)]  # it kept decoding meanwhile
         assert pace.token_seconds is not None and not pace.first_price  # measured beside the stream
+        budget = worker.stats().prefill_chunk_tokens  # what /stats and /metrics show
+        assert budget == pace.budget() and budget is not None and 2 <= budget <= 8
         return newcomer_tokens, len(later)
 
     # chunks of 8 beside the stream: the 60-word prompt takes several fused steps

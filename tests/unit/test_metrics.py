@@ -155,16 +155,24 @@ def test_the_kv_cache_gauge_has_a_sample_only_from_an_engine_with_a_block_pool()
     assert pooled[("llmd_preemptions_total", ())] == 3
 
 
+def test_the_chunk_budget_gauge_has_a_sample_only_from_an_engine_that_paces_its_chunks() -> None:
+    assert ("llmd_prefill_chunk_tokens", ()) not in scrape(Metrics(engine_stats=stats))  # vLLM
+    paced = scrape(Metrics(engine_stats=lambda: replace(stats(), prefill_chunk_tokens=14)))
+    assert paced[("llmd_prefill_chunk_tokens", ())] == 14
+
+
 HISTOGRAMS = ("llmd_time_to_first_token_seconds", "llmd_inter_token_latency_seconds",
               "llmd_request_duration_seconds", "llmd_queue_wait_seconds")
 COUNTERS = ("llmd_prompt_tokens", "llmd_completion_tokens", "llmd_requests", "llmd_errors",
             "llmd_prefix_cache_hits", "llmd_prefix_cache_tokens_reused", "llmd_preemptions")
 GAUGES = ("llmd_requests_running", "llmd_requests_waiting", "llmd_model_load_seconds", "llmd_warmup_seconds",
-          "llmd_gpu_memory_used_bytes", "llmd_gpu_memory_total_bytes", "llmd_kv_cache_usage_ratio")
+          "llmd_gpu_memory_used_bytes", "llmd_gpu_memory_total_bytes", "llmd_kv_cache_usage_ratio",
+          "llmd_prefill_chunk_tokens")
 
 
 def test_metric_types() -> None:
-    pooled = replace(stats(), kv_cache_usage=0.5)  # the KV gauge has a sample only from vLLM
+    # the KV gauge has a sample only from vLLM, the chunk budget only from the native engine
+    pooled = replace(stats(), kv_cache_usage=0.5, prefill_chunk_tokens=32)
     kinds = families(Metrics(engine_stats=lambda: pooled, gpu_memory=lambda: (1, 2)))
     expected = {**dict.fromkeys(HISTOGRAMS, "histogram"), **dict.fromkeys(COUNTERS, "counter"),
                 **dict.fromkeys(GAUGES, "gauge")}
