@@ -309,6 +309,7 @@ class EngineWorker:
         # Running streams get their token first; newcomers join the batch after their prefill.
         self.heartbeat.step_started()
         started = time.perf_counter()
+        failed = False
         try:
             chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
             result = self.runner.step(plan.decode, chunks)
@@ -316,14 +317,16 @@ class EngineWorker:
             log.exception("engine step failed")
             prefilling = [r for chunk in plan.prefill for r in (chunk.request, *chunk.request.followers)]
             self._fail(plan.decode + prefilling, exc, events)
+            failed = True
         else:
             self._collect(plan.decode, [chunk.request for chunk in plan.prefill], result, events)
-            # what the step cost the streams, and each prompt token beside them (the chunk budget)
-            prefilled = sum(chunk.stop - chunk.start for chunk in plan.prefill)
-            self.scheduler.pace.observe(time.perf_counter() - started, len(plan.decode), prefilled)
+        seconds = time.perf_counter() - started
         self.heartbeat.step_finished()
         if plan.decode:  # each running stream waited this long for its token
-            self.pace.observe(time.perf_counter() - started)
+            self.pace.observe(seconds)
+        if not failed:  # what the step cost the streams, and each prompt token beside them (chunk budget)
+            self.scheduler.pace.observe(seconds, len(plan.decode),
+                                        sum(chunk.stop - chunk.start for chunk in plan.prefill))
         self.steps += 1
         self.hooks.deliver(events)
 
