@@ -95,6 +95,11 @@ def test_mixed_traffic_decodes_as_the_eager_walk_does_and_never_recompiles(
     for step, seconds in ((lone, fast.lone_seconds), (batched, fast.batch_seconds)):
         assert step.compile_seconds is not None and 0 < step.compile_seconds == seconds
     lone_runs, batch_runs = counted(monkeypatch, lone), counted(monkeypatch, batched)
+    # the lone graph is called as inductor built it, dynamo's frame never entered
+    assert lone.direct is not None and lone.direct_problem is None
+    through_dynamo: list[object] = []
+    real_compiled = lone._compiled
+    monkeypatch.setattr(lone, "_compiled", lambda *args: through_dynamo.append(args) or real_compiled(*args))
     seen = record_logits(monkeypatch)
     prompts = prompts_of(tiny_model, WORDS)
     graphs, compactions = unique_graphs(), batch.compactions
@@ -104,7 +109,7 @@ def test_mixed_traffic_decodes_as_the_eager_walk_does_and_never_recompiles(
     assert batch.compactions > compactions  # a lone window after the columns moved
     # b0's steps alone went through the lone graph: before b1 joined and after the others left;
     # with b1, and b2 for a while, through the batch graph (2 and 3 rows)
-    assert len(lone_runs) >= 15 and all(ran for _, ran in lone_runs)
+    assert len(lone_runs) >= 15 and all(ran for _, ran in lone_runs) and not through_dynamo
     assert {rows for rows, _ in batch_runs} == {2, 3} and all(ran for _, ran in batch_runs)
     compiled_logits = {k: list(v) for k, v in seen.items()}
 
@@ -131,6 +136,9 @@ def test_a_recompile_after_load_retires_the_graph_and_the_step_runs_eager(
     keys = [layer.keys[:1, :, :4].double() for layer in layers]
     values = [layer.values[:1, :, :4].double() for layer in layers]
     with caplog.at_level(logging.WARNING, "llmd.engine"), torch.inference_mode():
+        # the direct call declines tensors laid out otherwise than it learnt: dynamo's guards decide
+        assert lone.direct is not None and lone.direct([batch.input_ids[:1], batch.position_ids[:1],
+                                                        *keys, *values]) is None
         assert lone.run(keys, values, batch.input_ids[:1], batch.position_ids[:1]) is None
         assert lone.run(keys, values, batch.input_ids[:1], batch.position_ids[:1]) is None  # stays retired
     assert lone.retired is not None and "retired, eager from now on" in caplog.text

@@ -20,7 +20,8 @@ import llmd
 # DESIGN.md allows transformers there). The worker imports both lazily, on its own thread.
 MODEL_SIDE = {
     *(f"llmd.engine.model.{name}" for name in (
-        "abandon", "attention", "batch", "checklist", "dynamic_batch", "int8", "layer_walk", "loader",
+        "abandon", "attention", "batch", "checklist", "dynamic_batch", "graph_call", "int8", "layer_walk",
+        "loader",
         "lone_step", "onednn", "prefill", "prefix_cache", "request_cache", "probes", "runner", "sampling",
         "sdpa", "sequences", "static_batch", "threads", "timing",
     )),

@@ -152,6 +152,8 @@ def prove_fast_paths(
         if lone_problem is not None:
             log.warning("a lone stream's decode step runs eager: the compiled step failed its "
                         "probe (%s)", lone_problem)
+        elif batch.lone is not None and batch.lone.direct is None:
+            log.info("the compiled lone step is called through dynamo (%s)", batch.lone.direct_problem)
     batch_problem: str | None = NOT_ASKED_BATCH
     if profile.batch_step != "eager":
         batch_problem = direct_problem or probe_batch(host, batch, model)
