@@ -15,6 +15,7 @@ Logprobs (`score`, `score_rows`) are taken from the model's raw logits, before a
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Protocol
@@ -250,7 +251,7 @@ def row_maxima(logits: torch.Tensor) -> tuple[list[bool], list[int]]:
     checks took 4 ms), where a greedy row alone took a cast, a clamp and an argmax of its own.
     """
     best, where = logits.max(dim=-1)
-    return [bool(ok) for ok in torch.isfinite(best).tolist()], where.tolist()
+    return [math.isfinite(value) for value in best.tolist()], where.tolist()
 
 
 def token_or_raise(token: Sampled) -> int:

@@ -78,6 +78,11 @@ class StaticDecodeBatch:
         self.mask = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
         self.input_ids = torch.zeros((slots, 1), dtype=torch.long, device=device)
         self.position_ids = torch.zeros((slots, 1), dtype=torch.long, device=device)
+        # On the CPU a step writes its inputs through numpy views of the same memory: building a
+        # tensor of each list and copying it costs ~25 us a step once a graph has run (its weights
+        # have pushed Python's own data out of the caches).
+        self._host_inputs = ((self.input_ids.numpy(), self.position_ids.numpy())
+                             if device.type == "cpu" else None)
         self.column = 0
         self.owners: list[str | None] = [None] * slots
         self.lengths = [0] * slots  # tokens in each slot's cache; 0 while free
@@ -157,11 +162,18 @@ class StaticDecodeBatch:
     def step(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         """One token for every running request (in `request_ids` order); returns their logits."""
         slots, ids, where = self._slot_inputs(tokens, positions, self.slots)
-        self.input_ids.copy_(torch.tensor(ids).view(-1, 1))
-        self.position_ids.copy_(torch.tensor(where).view(-1, 1))
+        if self._host_inputs is not None:
+            self._host_inputs[0][:, 0] = ids
+            self._host_inputs[1][:, 0] = where
+        else:
+            self.input_ids.copy_(torch.tensor(ids).view(-1, 1))
+            self.position_ids.copy_(torch.tensor(where).view(-1, 1))
         logits = self._run()
         for slot in slots:
             self.lengths[slot] += 1
+        if slots and slots[-1] == len(slots) - 1 and self.compile_mode != "reduce-overhead":
+            return logits[: len(slots), -1]  # the first slots: a view, not a gather (CUDA graphs
+            # write their outputs again on the next replay, so theirs are gathered)
         return logits[slots, -1]
 
     @torch.inference_mode()
@@ -304,8 +316,8 @@ class StaticDecodeBatch:
         if step is None:
             return None
         end = self.column + 1
-        keys = [layer.keys[:rows, :, start:end] for layer in self.layers]
-        values = [layer.values[:rows, :, start:end] for layer in self.layers]
+        keys = [_window(layer.keys, rows, start, end) for layer in self.layers]
+        values = [_window(layer.values, rows, start, end) for layer in self.layers]
         mask = None if rows == 1 else self.mask[:rows, start:end]  # a lone row attends to all of it
         return step.run(keys, values, self.input_ids[:rows], self.position_ids[:rows], mask)
 
@@ -396,6 +408,14 @@ class StaticDecodeBatch:
         self.column = column
         for layer in self.layers:
             layer.column.fill_(column)
+
+
+def _window(tensor: torch.Tensor, rows: int, start: int, end: int) -> torch.Tensor:
+    """`tensor[:rows, :, start:end]` of a cache tensor [slots, heads, columns, dim] in one call (a
+    third of the time of slicing it, 16 views a step on the small demo model)."""
+    shape = tensor.shape
+    return tensor.as_strided((rows, shape[1], end - start, shape[3]), tensor.stride(),
+                             tensor.storage_offset() + start * tensor.stride(2))
 
 
 def _move_columns(tensor: torch.Tensor, dim: int, source: int, target: int, width: int) -> None:
