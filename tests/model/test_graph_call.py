@@ -9,10 +9,10 @@ import torch
 from llmd.engine.model.graph_call import GraphCall, Seen, learn, proven
 
 
-def step_tensors(window: int) -> list[torch.Tensor]:
-    """Tokens, positions, then one layer's keys and values: windows of [1, 2, 8, 4] caches."""
-    caches = [torch.zeros(1, 2, 8, 4) for _ in range(2)]
-    return [torch.tensor([[3]]), torch.tensor([[5]]), *(cache[:, :, :window] for cache in caches)]
+def step_tensors(window: int, rows: int = 1) -> list[torch.Tensor]:
+    """Tokens, positions, then one layer's keys and values: windows of [rows, 2, 8, 4] caches."""
+    caches = [torch.zeros(rows, 2, 8, 4) for _ in range(2)]
+    return [torch.full((rows, 1), 3), torch.full((rows, 1), 5), *(cache[:, :, :window] for cache in caches)]
 
 
 class Graph:
@@ -35,10 +35,10 @@ class Graph:
 BUFFER = torch.arange(3.0)
 
 
-def seen_at(graph: Graph, window: int) -> Seen:
-    tensors = step_tensors(window)
+def seen_at(graph: Graph, window: int, rows: int = 1) -> Seen:
+    tensors = step_tensors(window, rows)
     flat = [tensors[0], window, BUFFER, 64, tensors[2], tensors[3]]
-    return Seen(tensors, window, graph, flat)
+    return Seen.of(tensors, graph, flat)
 
 
 def test_each_flat_input_is_told_as_a_step_tensor_the_window_or_a_constant() -> None:
@@ -46,8 +46,18 @@ def test_each_flat_input_is_told_as_a_step_tensor_the_window_or_a_constant() -> 
     learnt = learn(seen_at(graph, 2), seen_at(graph, 7))
     assert not isinstance(learnt, str)
     _, picks, constants = learnt
-    # the step's tensors are 0-3, the window 4, then the constants in order of appearance
-    assert picks == (0, 4, 5, 6, 2, 3) and constants[0] is BUFFER and constants[1] == 64
+    # the step's tensors are 0-3, the window 4, the rows 5, then the constants in order of appearance
+    assert picks == (0, 4, 6, 7, 2, 3) and constants[0] is BUFFER and constants[1] == 64
+    # a batch's rows, told apart from the window and from a constant of the same value
+    first, second = seen_at(graph, 2, rows=2), seen_at(graph, 7, rows=3)
+    first.flat[3], second.flat[3] = 2, 3
+    first.flat.append(2)
+    second.flat.append(2)
+    learnt = learn(first, second)
+    assert not isinstance(learnt, str) and learnt[1] == (0, 4, 6, 5, 2, 3, 7)
+    assert learnt[2] == (BUFFER, 2)
+    # where the window and the rows move alike, an int that follows both cannot be told
+    assert "may be the window or the rows" in str(learn(seen_at(graph, 2, rows=2), seen_at(graph, 7, rows=7)))
 
 
 def test_inputs_that_follow_neither_the_window_nor_a_constant_leave_no_direct_call() -> None:
@@ -55,9 +65,9 @@ def test_inputs_that_follow_neither_the_window_nor_a_constant_leave_no_direct_ca
     first, second = seen_at(graph, 2), seen_at(graph, 7)
     assert learn(first, seen_at(Graph(), 7)) == "the two calls ran different graphs"
     assert learn(first, seen_at(graph, 2)) == "the two calls had one window length"
-    moving = Seen(second.tensors, 7, graph, [*second.flat[:3], 65, *second.flat[4:]])
+    moving = Seen.of(second.tensors, graph, [*second.flat[:3], 65, *second.flat[4:]])
     assert "input 3 (64, then 65)" in str(learn(first, moving))
-    fresh = Seen(second.tensors, 7, graph, [*second.flat[:2], BUFFER.clone(), *second.flat[3:]])
+    fresh = Seen.of(second.tensors, graph, [*second.flat[:2], BUFFER.clone(), *second.flat[3:]])
     assert learn(first, fresh) == "the graph's input 2 is a tensor the step did not pass"
 
 

@@ -32,19 +32,25 @@ Graph = Callable[[list[Any]], Sequence[Any]]
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """One call of a step through dynamo: its own tensors (tokens, positions, then each layer's
-    keys and values), its window's length, and what inductor's graph received."""
+    """One call of a step through dynamo: its own tensors (tokens, positions, each layer's keys
+    and values, then a batch's mask), its window's length and rows, and what inductor's graph
+    received."""
 
     tensors: list[torch.Tensor]
     window: int
+    rows: int
     graph: Graph
     flat: list[Any]
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor], graph: Graph, flat: list[Any]) -> Seen:
+        return cls(tensors, tensors[2].shape[2], tensors[0].shape[0], graph, flat)
 
 
 @dataclass(frozen=True, slots=True)
 class GraphCall:
     """The graph, and per flat input where it comes from: an index into the step's tensors, then
-    the window's length, then the constants."""
+    the window's length, the rows, then the constants."""
 
     graph: Graph
     picks: tuple[int, ...]
@@ -54,12 +60,12 @@ class GraphCall:
 
     def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor | None:
         """The logits for the step's own tensors (as `Seen.tensors`; the window is the third
-        dimension of the first layer's keys); None when a tensor is laid out otherwise than
-        learnt (nothing ran)."""
+        dimension of the first layer's keys, the rows the tokens' first); None when a tensor is
+        laid out otherwise than learnt (nothing ran)."""
         for tensor, (dtype, stride) in zip(tensors, self.layouts, strict=True):
             if tensor.dtype != dtype or tensor.stride() != stride:
                 return None
-        sources = [*tensors, tensors[2].shape[2], *self.constants]
+        sources = [*tensors, tensors[2].shape[2], tensors[0].shape[0], *self.constants]
         return self.graph([sources[pick] for pick in self.picks])[self.output]
 
 
@@ -84,13 +90,14 @@ def watched() -> Iterator[list[tuple[Graph, list[Any]]]]:
 
 
 def learn(first: Seen, second: Seen) -> tuple[Graph, tuple[int, ...], tuple[Any, ...]] | str:
-    """Where each of the graph's flat inputs comes from, from two calls at different windows;
-    a string says why it cannot be told."""
+    """Where each of the graph's flat inputs comes from, from two calls at different windows
+    (and, for a step of more than one row count, different rows); a string says why it cannot
+    be told."""
     if first.graph is not second.graph or len(first.flat) != len(second.flat):
         return "the two calls ran different graphs"
     if first.window == second.window:
         return "the two calls had one window length"
-    window = len(first.tensors)
+    window, rows, constant = len(first.tensors), len(first.tensors) + 1, len(first.tensors) + 2
     picks: list[int] = []
     constants: list[Any] = []
     for at, (a, b) in enumerate(zip(first.flat, second.flat, strict=True)):
@@ -100,14 +107,18 @@ def learn(first: Seen, second: Seen) -> tuple[Graph, tuple[int, ...], tuple[Any,
                 picks.append(own)
                 continue
             if a is b:
-                picks.append(window + 1 + len(constants))
+                picks.append(constant + len(constants))
                 constants.append(a)
                 continue
             return f"the graph's input {at} is a tensor the step did not pass"
-        if isinstance(a, int) and a == first.window and b == second.window:
-            picks.append(window)
+        follows = [isinstance(a, int) and (a, b) == (first.window, second.window),
+                   isinstance(a, int) and (a, b) == (first.rows, second.rows)]
+        if all(follows):
+            return f"the graph's input {at} ({a!r}, then {b!r}) may be the window or the rows"
+        if any(follows):
+            picks.append(window if follows[0] else rows)
         elif type(a) is type(b) and a == b:
-            picks.append(window + 1 + len(constants))
+            picks.append(constant + len(constants))
             constants.append(a)
         else:
             return f"the graph's input {at} ({a!r}, then {b!r}) follows neither the window nor a constant"
@@ -120,10 +131,10 @@ def proven(learnt: tuple[Graph, tuple[int, ...], tuple[Any, ...]], seen: Seen, l
     after dynamo's run) again from the same inputs, those columns changed first (so a call that
     writes nothing cannot pass); else why not. Leaves the columns as it wrote them."""
     graph, picks, constants = learnt
-    caches = seen.tensors[2:]
+    caches = seen.tensors[2:][: len(written)]  # not a batch's mask
     for cache, column in zip(caches, written, strict=True):
         cache[:, :, -1].copy_(column + 1)
-    outputs = graph([[*seen.tensors, seen.window, *constants][pick] for pick in picks])
+    outputs = graph([[*seen.tensors, seen.window, seen.rows, *constants][pick] for pick in picks])
     matches = [at for at, out in enumerate(outputs)
                if isinstance(out, torch.Tensor) and out.shape == logits.shape and torch.equal(out, logits)]
     if not matches:

@@ -23,9 +23,10 @@ Between calls only the window's length changes, and the relations that involve i
 (`2 <= s`) and the contiguity test above. So once `check` has passed, with every guard evaluated,
 at the shortest and the longest window the step takes, `run` skips all but the tensors' own checks
 (dtype, fixed sizes and strides: `skip_guard_eval_unsafe`) and checks the length itself
-(`takes`). The lone step goes further: those two checks also learn how to call inductor's graph
-without dynamo at all (graph_call.py), and once that is proven `run` does. Ints are specialised while tracing (`specialize_int`): head counts and the like are
-constants of the graph, not symbols to guard and to pass in on every call.
+(`takes`). Those checks also learn how to call inductor's graph without dynamo at all
+(graph_call.py), and once that is proven `run` does. Ints are specialised while tracing
+(`specialize_int`): head counts and the like are constants of the graph, not symbols to guard
+and to pass in on every call.
 
 With `autotune` (`lone_step: max-autotune`) inductor also chooses each matmul's kernel by timing
 them at compile (`AUTOTUNE`).
@@ -85,7 +86,6 @@ class CompiledStep:
 
     name = "decode step"  # what the logs call it
     min_rows = max_rows = 1  # the rows the graph takes
-    calls_graph = False  # whether `check` learns to call the graph without dynamo (graph_call.py)
 
     def __init__(self, decoder: DirectDecoder, capacity: int, autotune: bool = False) -> None:
         """`capacity`: the cache's columns; a window that long is the whole row, and runs eager.
@@ -124,7 +124,7 @@ class CompiledStep:
             if self.compile_seconds is None:
                 return self._compile(input_ids, position_ids, keys, values, mask)
             if self.direct is not None and self.unguarded:
-                logits = self.direct([input_ids, position_ids, *keys, *values])
+                logits = self.direct(_tensors(input_ids, position_ids, keys, values, mask))
                 if logits is not None:
                     return logits
             with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=self.unguarded):
@@ -137,29 +137,31 @@ class CompiledStep:
     def check(self, keys: list[torch.Tensor], values: list[torch.Tensor], input_ids: torch.Tensor,
               position_ids: torch.Tensor, mask: torch.Tensor | None = None) -> str | None:
         """Run the compiled graph with its guards evaluated: None when they pass, else why not (a
-        recompile it refuses). Writes as `run` does; retires nothing. With `calls_graph`, the
-        first passing call and each later one at another window learn and prove `direct`."""
+        recompile it refuses). Writes as `run` does; retires nothing. Its first passing call, and
+        each later one at another window (and other rows, where they vary), learn and prove
+        `direct`."""
         try:
             with torch.compiler.set_stance("fail_on_recompile"), graph_call.watched() as calls:
                 logits = self._compiled(input_ids, position_ids, keys, values, mask)
         except Exception as exc:
             return _described(exc)
-        if self.calls_graph:
-            self._learn(calls, [input_ids, position_ids, *keys, *values], logits)
+        self._learn(calls, _tensors(input_ids, position_ids, keys, values, mask), logits, 2 * len(keys))
         return None
 
     def _learn(self, calls: list[tuple[graph_call.Graph, list[Any]]], tensors: list[torch.Tensor],
-               logits: torch.Tensor) -> None:
+               logits: torch.Tensor, caches: int) -> None:
         if len(calls) != 1:
             self.direct, self.direct_problem = None, f"the step ran {len(calls)} graphs"
             return
-        seen = graph_call.Seen(tensors, tensors[2].shape[2], *calls[0])
-        if self._seen is None or self._seen.window == seen.window:
-            self._seen = self._seen or seen
+        seen, first = graph_call.Seen.of(tensors, *calls[0]), self._seen
+        if first is None:
+            self._seen = seen
             return
-        learnt = graph_call.learn(self._seen, seen)
+        if seen.window == first.window or (self.max_rows > self.min_rows and seen.rows == first.rows):
+            return
+        learnt = graph_call.learn(first, seen)
         call: graph_call.GraphCall | str = learnt if isinstance(learnt, str) else graph_call.proven(
-            learnt, seen, logits.clone(), [cache[:, :, -1].clone() for cache in tensors[2:]])
+            learnt, seen, logits.clone(), [cache[:, :, -1].clone() for cache in tensors[2 : 2 + caches]])
         if isinstance(call, str):
             self.direct, self.direct_problem = None, call
         else:
@@ -225,7 +227,6 @@ class LoneStep(CompiledStep):
     """The compiled step of exactly one running row (`lone_step: compiled` or `max-autotune`)."""
 
     name = "lone decode step"
-    calls_graph = True
 
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
               values: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
@@ -245,6 +246,12 @@ class BatchStep(CompiledStep):
     def _step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
               values: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return self._walk(input_ids, position_ids, keys, values, mask)
+
+
+def _tensors(input_ids: torch.Tensor, position_ids: torch.Tensor, keys: list[torch.Tensor],
+             values: list[torch.Tensor], mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """A step's own tensors in `graph_call.Seen`'s order."""
+    return [input_ids, position_ids, *keys, *values, *([] if mask is None else [mask])]
 
 
 def _templated() -> int:

@@ -160,6 +160,8 @@ def prove_fast_paths(
         if batch_problem is not None:
             log.warning("the decode steps of two or more streams run eager: the compiled step "
                         "failed its probe (%s)", batch_problem)
+        elif batch.batched is not None and batch.batched.direct is None:
+            log.info("the compiled batch step is called through dynamo (%s)", batch.batched.direct_problem)
     problem = probe_fused(host, batch, model, torch.device(profile.device))
     if problem is not None:
         log.warning("decode and prefill run as separate passes: the fused step failed its "
