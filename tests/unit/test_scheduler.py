@@ -59,17 +59,23 @@ def test_alone_the_whole_prompt_goes_at_once_up_to_the_step_budget() -> None:
     assert run_chunks(scheduler.schedule()) == [("longer", 64, 100, True)]
 
 
+def chunks_beside(scheduler: Scheduler, decoding: list[str], steps: int) -> list[tuple[str, int, int, bool]]:
+    """The prompt chunks of `steps` steps, each of which also decodes exactly `decoding`."""
+    chunks = []
+    for _ in range(steps):
+        plan = scheduler.schedule()
+        assert ids(plan.decode) == decoding
+        chunks += run_chunks(plan)
+    return chunks
+
+
 def test_while_others_decode_a_long_prompt_is_split_into_budgeted_chunks() -> None:
     scheduler = Scheduler(max_running=4, prefill_chunk_tokens=8, max_step_tokens=1000)
     scheduler.add(request("a"))
     run_chunks(scheduler.schedule())
     scheduler.add(request("long", prompt_tokens=20))
     scheduler.add(request("short", prompt_tokens=2))
-    chunks = []
-    for _ in range(3):
-        plan = scheduler.schedule()
-        assert ids(plan.decode) == ["a"]
-        chunks += run_chunks(plan)
+    chunks = chunks_beside(scheduler, ["a"], steps=3)
     # the short one is not let past the long one's chunks, but shares its last step
     assert chunks == [("long", 0, 8, False), ("long", 8, 16, False), ("long", 16, 20, True),
                       ("short", 0, 2, True)]
@@ -282,11 +288,7 @@ def test_beside_decoding_streams_the_scheduler_splits_prompts_by_the_paced_budge
     scheduler.pace.observe(0.028, decoding=1, prefilled=0)
     scheduler.pace.observe(0.076, decoding=1, prefilled=32)
     scheduler.add(request("long", prompt_tokens=60))
-    chunks = []
-    for _ in range(3):
-        plan = scheduler.schedule()
-        assert ids(plan.decode) == ["a"]
-        chunks += run_chunks(plan)
+    chunks = chunks_beside(scheduler, ["a"], steps=3)
     # 18, 18, 18 and a rest of 6 in a step of its own: more than a quarter of the paced 18
     # (taken along, a quarter of the ceiling would have made that step cost 24 tokens)
     assert chunks == [("long", 0, 18, False), ("long", 18, 36, False), ("long", 36, 54, False)]

@@ -65,8 +65,7 @@ class GraphCall:
         for tensor, (dtype, stride) in zip(tensors, self.layouts, strict=True):
             if tensor.dtype != dtype or tensor.stride() != stride:
                 return None
-        sources = [*tensors, tensors[2].shape[2], tensors[0].shape[0], *self.constants]
-        return self.graph([sources[pick] for pick in self.picks])[self.output]
+        return self.graph(_flat(tensors, self.picks, self.constants))[self.output]
 
 
 @contextlib.contextmanager
@@ -134,7 +133,7 @@ def proven(learnt: tuple[Graph, tuple[int, ...], tuple[Any, ...]], seen: Seen, l
     caches = seen.tensors[2:][: len(written)]  # not a batch's mask
     for cache, column in zip(caches, written, strict=True):
         cache[:, :, -1].copy_(column + 1)
-    outputs = graph([[*seen.tensors, seen.window, seen.rows, *constants][pick] for pick in picks])
+    outputs = graph(_flat(seen.tensors, picks, constants))
     matches = [at for at, out in enumerate(outputs)
                if isinstance(out, torch.Tensor) and out.shape == logits.shape and torch.equal(out, logits)]
     if not matches:
@@ -143,6 +142,13 @@ def proven(learnt: tuple[Graph, tuple[int, ...], tuple[Any, ...]], seen: Seen, l
         return "the graph called directly wrote other keys or values than through dynamo"
     layouts = tuple((tensor.dtype, tuple(tensor.stride())) for tensor in seen.tensors)
     return GraphCall(graph, picks, constants, layouts, matches[0])
+
+
+def _flat(tensors: list[torch.Tensor], picks: tuple[int, ...], constants: tuple[Any, ...]) -> list[Any]:
+    """The graph's flat inputs: from the step's tensors, the window and rows they have (as
+    `Seen.of` reads them), and the constants, as `picks` says."""
+    sources = [*tensors, tensors[2].shape[2], tensors[0].shape[0], *constants]
+    return [sources[pick] for pick in picks]
 
 
 def _index(tensors: list[torch.Tensor], tensor: Any) -> int | None:

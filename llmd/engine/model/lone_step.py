@@ -102,7 +102,7 @@ class CompiledStep:
         # autotune: the matmuls compiled as inductor's GEMM template (0 also when the whole graph
         # came from inductor's cache: nothing was generated); None until compiled
         self.templated: int | None = None
-        # the graph called without dynamo (`calls_graph`), learnt by `check`; else why not
+        # the graph called without dynamo (graph_call.py), learnt by `check`; else why not
         self.direct: graph_call.GraphCall | None = None
         self.direct_problem: str | None = "not learnt"
         self._seen: graph_call.Seen | None = None  # `check`'s first call, to learn from
