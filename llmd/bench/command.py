@@ -52,6 +52,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `llmd bench` options to `parser`."""
     add = parser.add_argument
@@ -94,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "runner: llmd's step loop, the C prompts as one batch; generate: transformers' generate "
         "the same way; engine (alone): llmd's whole engine (worker thread, scheduler, event loop) "
         "without HTTP, sent the --base-url plan (C clients x R requests)")
+    add("--stagger-ms", metavar="MS", type=_non_negative_float, default=0.0,
+        help="client k starts its first request k x MS after the first client (chat workload; "
+        "default: 0, all together). Clients that start together and stream alike finish together "
+        "and come back together, each wave prefilled in one pass; real clients arrive apart, "
+        "their prompts chunked beside the others' decoding. Throughput counts the ramp.")
     add("--constrained", metavar="K", type=_non_negative_int, default=0,
         help="K of the C clients send every request with response_format json_schema, taking "
         "the bench's 12 schemas in turn; reported apart as 'schema' and 'plain' rows (default: 0)")
@@ -166,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
 def _refusal(args: argparse.Namespace) -> str | None:
     """Why `args` cannot run the chat or schemas workload, if they cannot."""
     if args.workload == "schemas":
-        if args.in_process or args.concurrency > 1 or args.constrained:
+        if args.in_process or args.concurrency > 1 or args.constrained or args.stagger_ms:
             return ("--workload schemas times one request at a time over HTTP; "
-                    "drop --in-process, -c and --constrained")
+                    "drop --in-process, -c, --constrained and --stagger-ms")
         return None
     if args.constrained > args.concurrency:
         return f"--constrained {args.constrained} exceeds the {args.concurrency} client(s) of -c"
@@ -176,6 +188,9 @@ def _refusal(args: argparse.Namespace) -> str | None:
         return "--in-process measures decode only; drop --constrained"
     if args.api != "chat" and args.in_process:
         return "--in-process measures decode only, through no API; drop --api"
+    if args.stagger_ms and args.in_process and set(args.methods or ()) != {"engine"}:
+        return ("--stagger-ms starts clients apart; --in-process decodes the C prompts as one batch "
+                "unless --method engine")
     if args.methods and not args.in_process:
         return "--method chooses what --in-process times; add --in-process MODEL_DIR or drop it"
     if args.methods and "engine" in args.methods and set(args.methods) != {"engine"}:
@@ -205,8 +220,8 @@ def _autocomplete_refusal(args: argparse.Namespace) -> str | None:
     if args.api != "chat":
         return ("--workload autocomplete sends /v1/completions fill-in-the-middle requests, "
                 "which have no Responses API form; drop --api")
-    if args.concurrency > 1 or args.constrained:
-        return "--workload autocomplete plays one editor user; drop -c and --constrained"
+    if args.concurrency > 1 or args.constrained or args.stagger_ms:
+        return "--workload autocomplete plays one editor user; drop -c, --constrained and --stagger-ms"
     return None
 
 

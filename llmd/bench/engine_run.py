@@ -61,7 +61,8 @@ class EngineRun:
         self._runner.run(self._start())
 
     def measure(self, concurrency: int, requests: int) -> list[StreamResult]:
-        """One run of the plan: `concurrency` clients, `requests` streams each."""
+        """One run of the plan: `concurrency` clients, `requests` streams each (started apart by
+        `--stagger-ms`)."""
         return self._runner.run(self._measure(concurrency, requests))
 
     async def _start(self) -> None:
@@ -96,10 +97,13 @@ class EngineRun:
         return await self._engine.encode_chat([{"role": "user", "content": prompt}], TemplateOptions())
 
     async def _measure(self, concurrency: int, requests: int) -> list[StreamResult]:
-        async def client() -> list[StreamResult]:
+        stagger_s = self._args.stagger_ms / 1000
+
+        async def client(index: int) -> list[StreamResult]:
+            await asyncio.sleep(stagger_s * index)
             return [await self._stream(self.prompts.next()) for _ in range(requests)]
 
-        per_client = await asyncio.gather(*(client() for _ in range(concurrency)))
+        per_client = await asyncio.gather(*(client(index) for index in range(concurrency)))
         return [result for results in per_client for result in results]
 
     async def _stream(self, prompt: str) -> StreamResult:

@@ -219,13 +219,14 @@ async def fetch_model(client: StreamClient, base_url: str, timeout: float) -> st
 
 async def measure_once(
     session: HttpSession, prompts: PromptFactory, concurrency: int, requests: int,
-    formats: SchemaMix | None = None,
+    formats: SchemaMix | None = None, stagger_s: float = 0.0,
 ) -> list[StreamResult]:
-    """C clients, started together, each streaming R requests back to back; the first K of
-    them (`formats`) send every request under the next schema of the set."""
+    """C clients, each streaming R requests back to back, client k starting `stagger_s` x k after
+    the first; the first K of them (`formats`) send every request under the next schema of the set."""
     mix = formats or SchemaMix(0)
 
     async def client_loop(client: int) -> list[StreamResult]:
+        await asyncio.sleep(stagger_s * client)
         return [await session.stream_chat(prompts.next(), mix.format_for(client),
                                           api=api_of(session.api, concurrency, client, index))
                 for index in range(requests)]
@@ -337,7 +338,8 @@ async def measure_repeats(
     runs = []
     started = time.process_time()
     for repeat in range(1, args.repeats + 1):
-        results = await measure_once(session, prompts, args.concurrency, args.requests, mix)
+        results = await measure_once(session, prompts, args.concurrency, args.requests, mix,
+                                     args.stagger_ms / 1000)
         runs += summarize_mix("http", repeat, results)
     return runs, time.process_time() - started
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from llmd.bench.http import client_cpu_note, record_event, record_events
+from llmd.bench.http import HttpSession, client_cpu_note, measure_once, record_event, record_events
 from llmd.bench.prompts import CALIBRATION_PROBES, PromptFactory, calibrate_words, filler_text, fit_prompt_ids
 from llmd.bench.results import StreamResult, median_output_rates, run_notes, summarize
 from llmd.bench.sse import SSEEvent, SSEParser
@@ -252,3 +253,36 @@ def test_client_cpu_note() -> None:
     assert client_cpu_note(0.05, runs) == (
         "client CPU while measuring: 0.05 s, 0.500 ms per completion token")
     assert client_cpu_note(0.0, []).endswith("- per completion token")
+
+
+# ---------------------------------------------------------------------- the clients' plan
+
+
+def test_staggered_clients_start_apart() -> None:
+    """Client k's first request goes no sooner than k x --stagger-ms after the run starts (a sleep's
+    lower bound: no race with a busy host)."""
+
+    class Session:
+        api = "chat"
+
+        def __init__(self) -> None:
+            self.sent: list[float] = []
+
+        async def stream_chat(self, prompt: str, response_format: Any = None, api: str | None = None
+                              ) -> StreamResult:
+            self.sent.append(time.perf_counter())
+            await asyncio.sleep(0)
+            return StreamResult(sent=self.sent[-1])
+
+    def starts(stagger_s: float) -> list[float]:
+        session = Session()
+        began = time.perf_counter()
+        results = asyncio.run(measure_once(cast(HttpSession, session), PromptFactory(words=3, distinct=True),
+                                           concurrency=4, requests=2, stagger_s=stagger_s))
+        assert len(results) == 8
+        return [sent - began for sent in sorted(session.sent)]
+
+    staggered = starts(0.15)
+    # the i-th request sent: only clients 0..i/2 may have started by then (two requests each)
+    assert all(sent >= 0.15 * (index // 2) for index, sent in enumerate(staggered))
+    assert staggered[-1] >= 0.45

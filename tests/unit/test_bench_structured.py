@@ -220,7 +220,9 @@ def test_schema_table_and_json() -> None:
 
 
 def test_constrained_option_and_its_refusals(capsys: Capture) -> None:
-    assert _args().constrained == 0
+    assert _args().constrained == 0 and _args().stagger_ms == 0
+    with pytest.raises(SystemExit):
+        _args("--stagger-ms", "-5")
     assert _args("-c", "8", "--constrained", "4").constrained == 4
     with pytest.raises(SystemExit):
         _args("--constrained", "-1")
@@ -228,7 +230,10 @@ def test_constrained_option_and_its_refusals(capsys: Capture) -> None:
         (("-c", "2", "--constrained", "3"), "exceeds the 2 client(s)"),
         (("--constrained", "1", "--ignore-eos"), "--ignore-eos cannot be combined"),
         (("--constrained", "1", "--in-process", "/nowhere"), "--in-process measures decode only"),
-        (("--constrained", "1", "--workload", "autocomplete"), "drop -c and --constrained"),
+        (("--constrained", "1", "--workload", "autocomplete"), "drop -c, --constrained"),
+        (("--stagger-ms", "50", "--workload", "autocomplete"), "drop -c, --constrained and --stagger-ms"),
+        (("--stagger-ms", "50", "--workload", "schemas"), "one request at a time"),
+        (("--stagger-ms", "50", "-c", "8", "--in-process", "/x"), "unless --method engine"),
         (("--workload", "schemas", "-c", "2"), "one request at a time"),
         (("--workload", "schemas", "--in-process", "/nowhere"), "one request at a time"),
         (("--method", "engine"), "--method chooses what --in-process times"),
