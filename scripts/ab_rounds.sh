@@ -3,10 +3,13 @@
 #   ab_rounds ROUNDS A B
 # runs one unmeasured pass of both loads on both sides, then per round C=1 and C=8 on each side,
 # which side goes first alternating by round, into LOAD-SIDE-ROUND reports (scripts/peer_ab.py reads
-# them). C=1 is C1_N (8) requests x 128 tokens; C=8 is 8 clients x C8_N (3) requests x 64 tokens.
+# them). C=1 is C1_N (8) requests x 128 tokens; C=8 is 8 clients x C8_N (3) requests x 64 tokens,
+# started together, or C8_STAGGER_MS apart (`llmd bench --stagger-ms`: the regime of clients that
+# arrive apart; not with serving_ab.sh's in-process runner, which decodes the 8 as one batch).
 ab_rounds() {
   local rounds=$1 first=$2 second=$3 side sides r
   local c1=(-c 1 -n "${C1_N:-8}" --max-tokens 128) c8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
+  [ -n "${C8_STAGGER_MS:-}" ] && c8+=(--stagger-ms "$C8_STAGGER_MS")
   for side in "$first" "$second"; do
     bench "warm-c1-$side" "$side" -c 1 -n 1 --max-tokens 128
     bench "warm-c8-$side" "$side" -c 8 -n 1 --max-tokens 64
