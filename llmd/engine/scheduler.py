@@ -10,18 +10,12 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from llmd.engine.retry_after import RECENT_WEIGHT, recent_mean
+from llmd.engine.retry_after import recent_mean
 from llmd.engine.types import FinishReason, Request, RequestStatus
 
 # A step that prefills beside decoding streams may take this many of their decode steps' time
 # more (`ChunkPace`): at 1 a newcomer's chunk at most doubles the gap between their tokens.
 STRETCH = 1.0
-# How different recent chunk sizes must be (weighted standard deviation over mean) before their
-# costs tell a chunk's fixed cost from its price per token (`ChunkCosts`).
-SPREAD = 0.15
-# Every PROBE-th step with a chunk beside decoding streams may take twice the paced budget, so that
-# chunk sizes differ enough to tell the fixed cost (`ChunkPace`).
-PROBE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,39 +209,23 @@ class ChunkPace:
     add a few ms to an 8 ms step, on the medium one 45-50 ms to a 28 ms step, so at 8 clients
     its streams stalled 72-106 ms a step whenever one of them started a new request (llama.cpp's
     worst gap there: 74 ms). The worker times every step (`observe`): steps of decoding alone
-    give the decode step's time, steps with a chunk beside them what the chunk added.
-
-    What a chunk adds is a fixed cost (the step runs as an eager pass, not the compiled decode
-    step: 3-7 ms on the small demo model in bfloat16 beside 7 streams, about their decode step)
-    and a price per token (0.4 ms there). Only the price is weighed against the streams' step:
-    the fixed cost comes with a chunk of any size, so smaller chunks would pay it more often.
-    (Priced by the average, 8 tokens cost over 1 ms each there, the budget sat at its floor of 8,
-    and a 65-token prompt took 9 fused steps of twice the decode step's time or more.) The two are
-    told apart by a line fitted to recent chunk steps (`ChunkCosts`) once their sizes differ
-    enough; until then the fixed cost is the last one told, at first 0.
-    Chunks cut at one budget are all alike, so every `PROBE`th chunk step may take twice the
-    budget (within the ceiling): without it a budget at its floor priced by the average stays
-    there, as nothing tells it otherwise.
-
+    give the decode step's time, steps with a chunk beside them what each prompt token added.
     Before the first such step, a pass of at least `ceiling` prompt tokens with nobody decoding
     gives a first price: its time per token, the pass's fixed cost included (dearer than a
     token beside decoding streams: it errs towards smaller chunks), replaced by the first price
     measured beside them. Until a decode step and a price are known, or where tokens are cheap,
-    the budget is the ceiling; it never drops below a quarter of it (a prompt must get through).
+    the budget is the ceiling; it never drops below a quarter of it (a pass has a fixed cost
+    too, and a prompt must get through).
 
     Pure: the worker thread writes, the scheduler on the same thread reads."""
 
-    __slots__ = ("ceiling", "chunk_steps", "costs", "decode_seconds", "first_price", "fixed_seconds",
-                 "token_seconds")
+    __slots__ = ("ceiling", "decode_seconds", "first_price", "token_seconds")
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
         self.decode_seconds: float | None = None  # a step of decoding alone, recent mean
         self.token_seconds: float | None = None  # what a prompt token adds to such a step
-        self.fixed_seconds = 0.0  # what a chunk of any size adds to it
         self.first_price = False  # token_seconds is a prefill pass's, not yet one measured beside streams
-        self.costs = ChunkCosts()
-        self.chunk_steps = 0  # steps with a chunk beside decoding streams, counted
 
     def observe(self, seconds: float, decoding: int, prefilled: int) -> None:
         """Count a step of `decoding` streams and `prefilled` prompt tokens that took `seconds`."""
@@ -257,10 +235,8 @@ class ChunkPace:
         elif not prefilled:
             self.decode_seconds = recent_mean(self.decode_seconds, seconds)
         elif self.decode_seconds is not None:
-            self.chunk_steps += 1
-            self.costs.add(prefilled, max(seconds - self.decode_seconds, 0.0))
-            self.fixed_seconds = self.costs.fixed(self.fixed_seconds)
-            self.token_seconds = self.costs.price(self.fixed_seconds)
+            added = max(seconds - self.decode_seconds, 0.0) / prefilled
+            self.token_seconds = recent_mean(None if self.first_price else self.token_seconds, added)
             self.first_price = False
 
     def budget(self) -> int:
@@ -268,46 +244,7 @@ class ChunkPace:
         if self.decode_seconds is None or not self.token_seconds:
             return self.ceiling
         affordable = int(STRETCH * self.decode_seconds / self.token_seconds)
-        if self.chunk_steps % PROBE == PROBE - 1:
-            affordable *= 2
         return max(min(affordable, self.ceiling), max(self.ceiling // 4, 1))
-
-
-class ChunkCosts:
-    """Recent chunk steps as (tokens, seconds added), each weighing `RECENT_WEIGHT` against the
-    rest (they decay by its complement), and the line through them: fixed cost + tokens x price.
-
-    The fixed cost can be told only from chunks of different sizes: their weighted spread must be
-    `SPREAD` of their mean size or more and the cost must grow with the size. Prompts of other
-    lengths, their last chunks and `ChunkPace`'s probes give that spread."""
-
-    __slots__ = ("product", "seconds", "tokens", "tokens_squared", "weight")
-
-    def __init__(self) -> None:
-        self.weight = self.tokens = self.seconds = self.tokens_squared = self.product = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        """One chunk step: `tokens` prompt tokens that added `seconds` to the decode step."""
-        keep = 1.0 - RECENT_WEIGHT
-        self.weight = keep * self.weight + 1.0
-        self.tokens = keep * self.tokens + tokens
-        self.seconds = keep * self.seconds + seconds
-        self.tokens_squared = keep * self.tokens_squared + tokens * tokens
-        self.product = keep * self.product + tokens * seconds
-
-    def fixed(self, known: float) -> float:
-        """The fixed cost of a chunk by the line through the recent steps, or `known` when their
-        sizes cannot tell it."""
-        tokens, seconds = self.tokens / self.weight, self.seconds / self.weight
-        spread = self.tokens_squared / self.weight - tokens * tokens
-        growth = self.product / self.weight - tokens * seconds
-        if spread < (SPREAD * tokens) ** 2 or growth <= 0:
-            return known
-        return min(max(seconds - growth / spread * tokens, 0.0), seconds)
-
-    def price(self, fixed: float) -> float:
-        """What a prompt token adds beyond the `fixed` cost of its chunk, over the recent steps."""
-        return max(self.seconds - fixed * self.weight, 0.0) / self.tokens
 
 
 def lone_piece(remaining: int, piece: int, max_step_tokens: int) -> int:

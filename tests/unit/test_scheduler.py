@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmd.engine.scheduler import PROBE, ChunkCosts, ChunkPace, Scheduler, StepPlan, lone_piece
+from llmd.engine.scheduler import ChunkPace, Scheduler, StepPlan, lone_piece
 from llmd.engine.types import FinishReason, Request, RequestStatus, SamplingParams
 
 
@@ -279,54 +279,6 @@ def test_cheap_prompt_tokens_keep_the_ceiling_and_recent_steps_count_most() -> N
     for _ in range(30):  # the streams' steps grow dearer (more rows, longer caches)
         pace.observe(0.040, decoding=8, prefilled=0)
     assert pace.decode_seconds == pytest.approx(0.040, abs=0.001)
-
-
-def test_a_chunks_fixed_cost_is_told_from_its_price_only_by_chunks_of_different_sizes() -> None:
-    costs = ChunkCosts()
-    for _ in range(10):
-        costs.add(16, 0.003 + 16 * 0.0004)
-    assert costs.fixed(0.001) == 0.001  # sizes alike: the fixed cost known before stands
-    assert costs.price(0.001) == pytest.approx((0.0094 - 0.001) / 16)  # and the price follows from it
-    costs.add(32, 0.003 + 32 * 0.0004)
-    costs.add(8, 0.003 + 8 * 0.0004)
-    assert costs.fixed(0.001) == pytest.approx(0.003)
-    assert costs.price(0.003) == pytest.approx(0.0004)
-    shrinking = ChunkCosts()
-    shrinking.add(32, 0.010)
-    shrinking.add(8, 0.012)  # a bigger chunk that cost less: noise, which tells nothing
-    assert shrinking.fixed(0.002) == 0.002
-
-
-def test_a_chunks_fixed_cost_does_not_shrink_the_budget_to_its_floor() -> None:
-    # Small demo model, bfloat16, 8 clients: 7 streams decode in 5.5 ms; a chunk beside them adds
-    # 3.2 ms whatever its size and 0.4 ms a token. Priced by the average (fixed cost included), an
-    # 8-token chunk costs 0.8 ms a token and the budget sat at its floor of 8.
-    decode, fixed, price = 0.0055, 0.0032, 0.0004
-    scheduler = Scheduler(max_running=8, prefill_chunk_tokens=32, max_step_tokens=1000)
-    pace = scheduler.pace
-    pace.observe(0.040, decoding=0, prefilled=65)  # the first prompt, alone: 0.6 ms a token
-    for stream in range(7):
-        scheduler.add(request(f"s{stream}"))
-    run_chunks(scheduler.schedule())
-    decoding = ids(scheduler.running)
-    sizes = []
-    for newcomer in range(12):
-        scheduler.add(request(f"n{newcomer}", prompt_tokens=65))
-        for _ in range(3):
-            pace.observe(decode, decoding=7, prefilled=0)
-        while scheduler.running[-1].prefilled < 65:
-            chunk = chunks_beside(scheduler, decoding, steps=1)
-            tokens = chunk[0][2] - chunk[0][1]
-            pace.observe(decode + fixed + price * tokens, decoding=7, prefilled=tokens)
-            sizes.append(tokens)
-        scheduler.finish(scheduler.running[-1], FinishReason.STOP)
-    assert pace.fixed_seconds == pytest.approx(fixed) and pace.token_seconds == pytest.approx(price)
-    assert min(sizes[-20:]) >= 13  # the prompts' last chunks take a short rest along
-    budgets = []
-    for steps in range(PROBE):
-        pace.chunk_steps = steps
-        budgets.append(pace.budget())
-    assert budgets == [13] * (PROBE - 1) + [26]  # 13 x 0.4 ms ~ one more decode step; a probe twice that
 
 
 def test_beside_decoding_streams_the_scheduler_splits_prompts_by_the_paced_budget() -> None:
