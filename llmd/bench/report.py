@@ -103,7 +103,8 @@ def format_table(report: BenchReport) -> str:
         f"llmd bench  {report.target}  model {report.model}{_via(report.api)}",
         f"{report.concurrency} client(s) x {report.requests_per_client} request(s), "
         f"warmup {report.warmup}, prompt {prompt} tokens (asked {report.prompt_tokens_requested}, "
-        f"{kind}), max_tokens {report.max_tokens}, temperature {report.temperature:g}",
+        f"{kind}), max_tokens {report.max_tokens}, temperature {report.temperature:g}"
+        + (f", clients started {report.stagger_ms:g} ms apart" if report.stagger_ms else ""),
         "times in ms; out tok/s = all completion tokens / wall; stream tok/s = median per stream",
         *_constrained_lines(report),
         "",

@@ -126,6 +126,7 @@ class BenchReport:
     constrained_clients: int = 0
     schemas: list[str] = field(default_factory=list)
     api: str | None = "chat"  # what the streams drove: "chat", "responses", "both"; None in-process
+    stagger_ms: float = 0.0  # client k started k x this after the first
 
 
 def summarize(
@@ -293,4 +294,5 @@ def bench_report(
         constrained_clients=args.constrained,
         schemas=[schema.name for schema in SCHEMAS] if args.constrained else [],
         api=None if args.in_process else args.api,
+        stagger_ms=args.stagger_ms,
     )

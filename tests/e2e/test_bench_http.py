@@ -298,6 +298,15 @@ def test_bench_sends_the_requests_it_promises(fake: Served, capsys: Capture) -> 
     assert all(h["authorization"] == "Bearer sekrit" for h in fake.app.headers)
 
 
+def test_a_staggered_run_says_so(fake: Served, capsys: Capture) -> None:
+    code, report = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-ok", "-c", "3",
+                               "-n", "1", "--max-tokens", "4", "--stagger-ms", "20")
+    assert code == 0 and report["stagger_ms"] == 20 and report["runs"][0]["ok"] == 3
+    assert command.run(_args("--base-url", fake.base_url, "--model", "fake-ok", "-c", "2", "-n", "1",
+                             "--max-tokens", "4", "--stagger-ms", "20", "--timeout", "30")) == 0
+    assert "clients started 20 ms apart" in capsys.readouterr().out
+
+
 def test_shared_prompt_and_ignore_eos(fake: Served, capsys: Capture) -> None:
     code, _ = _bench_json(capsys, "--base-url", fake.base_url, "--model", "fake-ok", "-n", "3",
                           "--max-tokens", "4", "--shared-prompt", "--ignore-eos")
