@@ -12,7 +12,8 @@ connections until the descriptors run out. This protocol adds, per connection:
 - an HTTP/1.0 response without Content-Length is close-delimited, never chunked;
 - every error the connection itself sends is in the OpenAI shape;
 - an HTTP/1.1 request's scope offers the `BODY_WRITER` extension (api/sse.py): a streamed
-  response writes each event to the socket from the callback that makes it, not by ASGI message.
+  response writes each event to the socket from the callback that makes it, not by ASGI message,
+  or from the engine's thread (`SocketWriter`), waking no event loop.
 
 A refusal is written, the sending side shut, and the rest of what the client sends is read
 and dropped for a moment before the close, so the client reads the answer instead of a reset.
@@ -21,9 +22,12 @@ and dropped for a moment before the close, so the client reads the answer instea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import logging
+import os
 import resource
+import threading
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -32,7 +36,7 @@ from uvicorn._types import ASGI3Application, ASGIReceiveCallable, ASGISendCallab
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from llmd.api.errors import error_body
-from llmd.api.sse import BODY_WRITER, BodyWriter
+from llmd.api.sse import BODY_SOCKET, BODY_WRITER, BodyWriter
 from llmd.config import Settings
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 
@@ -132,6 +136,76 @@ def body_writer(cycle: RequestResponseCycle) -> BodyWriter:
     return write
 
 
+class SocketWriter:
+    """A chunked body written from another thread straight to the connection's socket (api/sse.py's
+    `BodySocket`): a streamed token costs the event loop nothing.
+
+    The descriptor is a duplicate, so it stays the same connection's even when uvicorn closes
+    its own and the number is reused (a late write meets a closed connection, never another
+    client's); a streamed response holds it, one descriptor more, until it ends. A chunk goes
+    only when uvicorn has nothing of its own waiting to go (its buffer empty, not paused, the
+    connection not half-closed and probed) and the response is between its headers and its end.
+    What the socket does not take at once goes from the loop, first (`_catch_up`); until then
+    nothing else is written here.
+    """
+
+    def __init__(self, cycle: RequestResponseCycle, protocol: LimitedHttpProtocol) -> None:
+        self.lock = threading.Lock()
+        self._cycle = cycle
+        self._protocol = protocol
+        self._fd: int | None = None
+        self._behind = False
+
+    def open(self) -> bool:
+        transport = self._cycle.transport
+        sock = transport.get_extra_info("socket")
+        if self._fd is None and not transport.is_closing() and sock is not None:
+            try:
+                self._fd = os.dup(sock.fileno())
+            except OSError:  # out of descriptors: this response is written by the loop
+                return False
+            self._protocol.socket_writer = self
+        return self._fd is not None
+
+    def ready(self) -> bool:
+        cycle = self._cycle
+        return bool(self._fd is not None and not self._behind and not self._protocol.half_closed \
+            and cycle.response_started and cycle.chunked_encoding and not cycle.response_complete \
+            and not cycle.disconnected and not cycle.flow.write_paused \
+            and cycle.transport.get_write_buffer_size() == 0)
+
+    def write(self, data: bytes) -> None:
+        assert self._fd is not None
+        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        try:
+            written = os.write(self._fd, frame)
+        except BlockingIOError:
+            written = 0
+        except OSError:  # the client is gone: the loop hears it from the connection and ends the response
+            return
+        if written < len(frame):
+            self._behind = True
+            self._protocol.loop.call_soon_threadsafe(self._catch_up, frame[written:])
+
+    def _catch_up(self, rest: bytes) -> None:
+        with self.lock:
+            if not self._cycle.transport.is_closing():
+                self._cycle.transport.write(rest)
+            self._behind = False
+
+    @property
+    def behind(self) -> bool:
+        """Whether part of a chunk waits for `_catch_up`."""
+        return self._behind
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._protocol.socket_writer is self:
+            self._protocol.socket_writer = None
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, held to `limits` (see the module docstring)."""
 
@@ -141,6 +215,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     deadline: asyncio.TimerHandle | None = None
     lingering = False
     over_limit = False
+    half_closed = False  # the client sent EOF and the connection is being probed
+    socket_writer: SocketWriter | None = None  # the streamed response writing from another thread
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -175,6 +251,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
                 cycle.scope["http_version"] == "1.0":
             return False
         cycle.keep_alive = False
+        self.half_closed = True
         self._probe()
         for delay in PROBE_DELAYS:
             self.loop.call_later(delay, self._probe)
@@ -187,13 +264,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         keep a gone client's place. llmd's only chunked bodies are SSE, where a `:` line is
         a comment; it goes between the app's writes, each of which is whole events.
         """
-        cycle = self.cycle
-        if self.transport.is_closing() or cycle is None or cycle.response_complete:
-            return
-        if not cycle.response_started:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        elif cycle.chunked_encoding:
-            self.transport.write(b"3\r\n:\n\n\r\n")
+        cycle, writer = self.cycle, self.socket_writer
+        with writer.lock if writer is not None else contextlib.nullcontext():  # not inside its chunk
+            if self.transport.is_closing() or cycle is None or cycle.response_complete or \
+                    (writer is not None and writer.behind):
+                return
+            if not cycle.response_started:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            elif cycle.chunked_encoding:
+                self.transport.write(b"3\r\n:\n\n\r\n")
 
     def send_400_response(self, msg: str) -> None:
         if not self.lingering:  # else a refusal made inside a parser callback already answered
@@ -226,7 +305,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         elif cycle.scope["http_version"] == "1.0":
             app = close_delimited(app, cycle)
         else:
-            cycle.scope.setdefault("extensions", {})[BODY_WRITER] = {"write": body_writer(cycle)}
+            cycle.scope.setdefault("extensions", {})[BODY_WRITER] = {
+                "write": body_writer(cycle), BODY_SOCKET: SocketWriter(cycle, self)}
         super()._start_asgi_task(cycle, app)
 
     def refuse(self, error: LlmdError) -> None:

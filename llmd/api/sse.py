@@ -6,8 +6,10 @@ failure after the first byte becomes one error event (counted, as an error respo
 
 Every stream is pushed (`pushed_sse_response`): each engine event is framed in the callback that
 delivers it and written straight to the connection, so a token costs no task switch, no async
-generator and no ASGI message. What a response makes of its events is its endpoint's `Chunker`
-(chat, text completions, the Responses API, `/infill`); how they become bytes is a `Framing`.
+generator and no ASGI message. Where the server offers its socket (`BODY_SOCKET`), a token is
+framed and written on the engine's own thread, so it costs the event loop not even a wake. What
+a response makes of its events is its endpoint's `Chunker` (chat, text completions, the Responses
+API, `/infill`); how they become bytes is a `Framing`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -45,6 +48,36 @@ BODY_WRITER = "llmd.body_writer"
 # Writes bytes as the next part of the body at once: True; False, writing nothing, when they
 # cannot go now (headers not out, the client gone or not reading): then they go through ASGI.
 BodyWriter = Callable[[bytes], bool]
+# The same extension's `socket`: a `BodySocket` for writing body chunks from another thread.
+BODY_SOCKET = "socket"
+
+
+class BodySocket(Protocol):
+    """A chunked body's socket, written from the engine's thread (api/connection.py's `SocketWriter`).
+
+    `open` (on the loop) makes it writable from other threads until `close` (on the loop, under
+    `lock`); `ready` and `write` run under `lock`, on any thread.
+    """
+
+    lock: threading.Lock
+
+    def open(self) -> bool:
+        """Make the socket writable from other threads; False when it cannot be (closing)."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether a chunk may be written now: headers out, nothing of the server's own waiting
+        to go, the client reading and not gone."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """`data` as the body's next chunk, now; what the socket does not take at once goes
+        after, in order, from the loop."""
+        ...
+
+    def close(self) -> None:
+        """No more writes from other threads."""
+        ...
 
 _encoder = msgspec.json.Encoder()
 Payload = msgspec.Struct | dict[str, Any]  # a wire Struct, or llama.cpp's `response_fields` pick of one
@@ -127,9 +160,10 @@ def pushed_sse_response(request: Request, streams: Sequence[TokenStream], chunke
                         count_error: ErrorCounter | None = None, framing: Framing = OPENAI_EVENTS) -> Stream:
     """A `text/event-stream` written by `streams`' events as the engine delivers them
     (`PushedEvents`); `chunker` makes the chunks, `count_error` hears of an in-stream error."""
-    offered = request.scope.get("extensions") or {}
-    write = cast(BodyWriter | None, offered.get(BODY_WRITER, {}).get("write"))
-    pushed = PushedEvents(streams, chunker, framing, write, count_error)
+    offered = (request.scope.get("extensions") or {}).get(BODY_WRITER, {})
+    write = cast(BodyWriter | None, offered.get("write"))
+    socket = cast(BodySocket | None, offered.get(BODY_SOCKET))
+    pushed = PushedEvents(streams, chunker, framing, write, count_error, socket)
     return Stream(pushed.body(), media_type="text/event-stream", headers=HEADERS)
 
 
@@ -143,15 +177,24 @@ class PushedEvents:
     event's chunks wait for the chunker's `closing`, run by the task. A failure midway ends the
     response with the chunker's `failed` chunks (counted); leaving it closes every stream,
     aborting those not finished.
+
+    With the server's `socket`, a token event that ends nothing is taken on the engine's thread
+    (`_take_direct`) while the task waits with nothing kept: fed, framed and written there, the
+    loop not woken. Everything else (ends, errors, a client not keeping up) goes by the loop as
+    above; `_lock` (the socket's) keeps the two threads off the chunker and the connection at once.
     """
 
     def __init__(self, streams: Sequence[TokenStream], chunker: Chunker, framing: Framing,
-                 write: BodyWriter | None, count_error: ErrorCounter | None) -> None:
+                 write: BodyWriter | None, count_error: ErrorCounter | None,
+                 socket: BodySocket | None = None) -> None:
         self._streams = streams
         self._chunker = chunker
         self._framing = framing
         self._write = write
         self._count_error = count_error
+        self._socket = socket
+        self._lock = socket.lock if socket is not None else threading.Lock()  # the socket's writes too
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._running = len(streams)  # choices not finished
         self._kept: list[bytes] = []
         self._final: bytes | None = None  # the last event's bytes, waiting for `closing`
@@ -163,9 +206,12 @@ class PushedEvents:
         the end once `closing` has run."""
         with closing_all(self._streams):
             try:
+                self._loop = asyncio.get_running_loop()
                 self._push(self._framing.encode(self._chunker.opening()))
+                direct = self._socket is not None and self._socket.open()
                 for index, stream in enumerate(self._streams):
-                    stream.listen(functools.partial(self._take, index))
+                    stream.listen(functools.partial(self._take, index),
+                                  functools.partial(self._take_direct, index) if direct else None)
                 while self._kept or not self._ended:
                     if self._kept:
                         kept, self._kept = b"".join(self._kept), []
@@ -175,7 +221,10 @@ class PushedEvents:
                     else:
                         await self._more()
             finally:
-                self._ended = True
+                with self._lock:
+                    self._ended = True
+                    if self._socket is not None:
+                        self._socket.close()
 
     async def _more(self) -> None:
         self._waiting = asyncio.get_running_loop().create_future()
@@ -196,6 +245,10 @@ class PushedEvents:
 
     def _take(self, index: int, item: TokenEvent | LlmdError) -> None:
         """Choice `index`'s next event (or the error that ended it), framed and pushed."""
+        with self._lock:
+            self._take_locked(index, item)
+
+    def _take_locked(self, index: int, item: TokenEvent | LlmdError) -> None:
         if self._ended or not self._running:
             return
         if isinstance(item, LlmdError):
@@ -214,6 +267,36 @@ class PushedEvents:
             self._running = 0
             self._final = data
             self._wake()
+
+    def _take_direct(self, index: int, item: TokenEvent, account: Callable[[TokenEvent], object]) -> bool:
+        """On the engine's thread: choice `index`'s token event (one that ends nothing), framed
+        and written to the socket, when the task waits with nothing kept or due; else False,
+        nothing done. What the loop must still do (a failure to send, a limit's end) is handed
+        to it, after which the stream's later events go by the loop."""
+        with self._lock:
+            waiting, socket, loop = self._waiting, self._socket, self._loop
+            if self._ended or self._kept or self._final is not None or not self._running or waiting is None \
+                    or waiting.done() or socket is None or loop is None or not socket.ready():
+                return False
+            account(item)
+            try:
+                data = self._framing.encode(self._chunker.feed(index, item))
+            except Exception as exc:
+                self._running = 0  # nothing more is fed; the loop sends the failure
+                loop.call_soon_threadsafe(self._fail_later, failure(exc))
+                return True
+            if self._chunker.stopped:  # cut short: the loop sends it and its end
+                self._running = 0
+                self._final = data
+                loop.call_soon_threadsafe(self._wake)
+            elif data:
+                socket.write(data)
+            return True
+
+    def _fail_later(self, error: LlmdError) -> None:
+        with self._lock:
+            if not self._ended:
+                self._fail(error)
 
     def _fail(self, error: LlmdError) -> None:
         if self._count_error is not None:

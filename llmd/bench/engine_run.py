@@ -4,9 +4,10 @@ The daemon's engine as it serves (the worker thread, its scheduler and continuou
 event loop the worker delivers each step's events to, each stream's sink) is started in this
 process and sent the HTTP bench's plan: C clients, started together, each submitting R chat
 prompts back to back, distinct unless `--shared-prompt`. Each token event is timed where the
-API's response would frame and write it, so against `--base-url` on a daemon of the same model
-and profile it splits what a stream costs: the engine's scheduling here, HTTP's framing, writes
-and client there; against `--method runner` the engine's own cost over the bare step loop.
+API's response would frame and write it (a token on the worker's thread, the end on the loop's),
+so against `--base-url` on a daemon of the same model and profile it splits what a stream costs:
+the engine's scheduling here, HTTP's framing, writes and client there; against `--method runner`
+the engine's own cost over the bare step loop.
 
 The model side (torch, transformers) is imported only when the engine starts.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from llmd.bench.http import BenchError
@@ -128,6 +130,12 @@ class EngineRun:
             if not ended.done():
                 ended.set_result(None)
 
+        def direct(item: TokenEvent, account: Callable[[TokenEvent], object]) -> bool:
+            """A token on the worker's thread, where the API's response writes it to its socket."""
+            account(item)
+            sink(item)
+            return True
+
         try:
             prompt_ids = await self._encode(prompt)
             result.prompt_tokens = len(prompt_ids)
@@ -135,7 +143,7 @@ class EngineRun:
             params = SamplingParams(max_tokens=budget, temperature=args.temperature,
                                     ignore_eos=args.ignore_eos)
             with self._engine.submit(prompt_ids, params) as stream:
-                stream.listen(sink)
+                stream.listen(sink, direct)
                 async with asyncio.timeout(args.timeout):
                     await ended
         except (LlmdError, TimeoutError) as exc:  # refused, or too slow: this request's error

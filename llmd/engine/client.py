@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from llmd.engine.front import EngineFront
 from llmd.engine.heartbeat import Heartbeat
-from llmd.engine.stream import EventSink, GenerationStream
+from llmd.engine.stream import DirectSink, EventSink, GenerationStream
 from llmd.engine.tool_format import ChatFormat
 from llmd.engine.types import (
     CompletionPrompt,
@@ -50,9 +50,10 @@ class TokenStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[TokenEvent]: ...
 
-    def listen(self, sink: EventSink) -> None:
+    def listen(self, sink: EventSink, direct: DirectSink | None = None) -> None:
         """Push every event to `sink` as it comes instead of being read; an error that ends the
-        request is its last call (see `GenerationStream.listen`)."""
+        request is its last call. Token events may reach `direct` on the engine's thread
+        instead (see `GenerationStream.listen`)."""
         ...
 
     def __enter__(self) -> TokenStream: ...
@@ -212,8 +213,23 @@ class EngineClient(EngineFront):
         return self._worker.load_seconds, self._worker.warmup_seconds
 
     def _deliver_from_worker(self, batch: list[tuple[str, TokenEvent]]) -> None:
+        """On the worker: a step's events. Those a stream's sink takes here (`take_direct`: a
+        streamed response writing its token to the socket) cost the loop nothing; the rest go
+        to the loop together, one wake for all of them."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, batch)
+        posted = []
+        for request_id, event in batch:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                try:
+                    if stream.take_direct(event):
+                        continue
+                except Exception:  # the sink's own failure: its stream's next event ends it on the loop
+                    log.exception("writing %s's event failed", request_id)
+                stream.posted += 1
+            posted.append((request_id, event))
+        if posted:
+            self._loop.call_soon_threadsafe(self._dispatch, posted)
 
     def _dispatch(self, batch: list[tuple[str, TokenEvent]]) -> None:
         """One step's events to their streams, one loop wake for all of them. A sink that fails
@@ -222,6 +238,7 @@ class EngineClient(EngineFront):
             stream = self._streams.get(request_id)
             if stream is None:
                 continue
+            stream.landed += 1
             try:
                 stream.deliver(event)
             except Exception:

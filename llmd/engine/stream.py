@@ -2,8 +2,10 @@
 
 The engine hands each event to `deliver` on the event loop (`EngineClient` from the worker's
 deliveries). They wait in `events` for the reader, or, once a sink `listen`s, go straight to it
-as they come: a streamed response made by callback, with no task woken per token. Leaving the
-stream before its last event calls back `on_close`, which aborts the request in the worker.
+as they come: a streamed response made by callback, with no task woken per token. A sink may also
+take token events on the engine's own thread (`take_direct`): a response that writes them to its
+socket there costs the event loop no wake at all. Leaving the stream before its last event calls
+back `on_close`, which aborts the request in the worker.
 Timing stamps and the outcome are kept for the request's log line and the metrics.
 """
 
@@ -19,6 +21,10 @@ from llmd.errors import EngineFailure, LlmdError
 
 # Takes each event of a stream as it comes, or the error that ended it (its last call either way).
 EventSink = Callable[[TokenEvent | LlmdError], None]
+# A sink's side on the engine's thread (`GenerationStream.take_direct`): takes a token event that
+# ends nothing, noting it with the `account` it is handed once it is sure to take it (True), or
+# declines, touching nothing (False), and the event is delivered on the event loop as usual.
+DirectSink = Callable[[TokenEvent, Callable[[TokenEvent], object]], bool]
 
 
 class GenerationStream:
@@ -44,6 +50,11 @@ class GenerationStream:
         self._on_close = on_close
         self._closed = False
         self._sink: EventSink | None = None
+        self._direct: DirectSink | None = None
+        # Events the engine sent by the loop and how many of those arrived: while some are on the
+        # way, a later one may not overtake them by `take_direct`. Each is counted by one thread.
+        self.posted = 0
+        self.landed = 0
 
     def __aiter__(self) -> GenerationStream:
         return self
@@ -64,12 +75,24 @@ class GenerationStream:
         elif not self.done:
             self._sink(self._account(item))
 
-    def listen(self, sink: EventSink) -> None:
+    def listen(self, sink: EventSink, direct: DirectSink | None = None) -> None:
         """From now on push every event to `sink` as it is delivered (those kept so far first),
-        instead of being read; an error that ends the request is its last call."""
+        instead of being read; an error that ends the request is its last call. With `direct`,
+        token events may reach it on the engine's thread instead (`take_direct`)."""
         while not self.events.empty() and not self.done:
             sink(self._account(self.events.get_nowait()))
         self._sink = sink
+        self._direct = direct
+
+    def take_direct(self, item: TokenEvent) -> bool:
+        """On the engine's thread: hand a token event that ends nothing to the listening sink's
+        direct side, the loop left asleep. False, nothing done, when the event must go by the loop:
+        no direct side, an end or error, earlier events still on their way, or the sink declines."""
+        direct = self._direct
+        if direct is None or item.finish_reason is not None or item.error is not None or self.done \
+                or self.posted != self.landed:
+            return False
+        return direct(item, self._account)
 
     def fail(self, error: LlmdError) -> None:
         """End the request with `error`, raised to whoever reads the stream next."""

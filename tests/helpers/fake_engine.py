@@ -20,7 +20,7 @@ from llmd.engine.client import Engine
 from llmd.engine.front import choice_seed
 from llmd.engine.grammar import CompiledGrammar, validated
 from llmd.engine.prompts import context_budget
-from llmd.engine.stream import EventSink
+from llmd.engine.stream import DirectSink, EventSink
 from llmd.engine.tool_format import PLAIN, ChatFormat
 from llmd.engine.types import (
     DEFAULT_TEMPLATE,
@@ -98,8 +98,9 @@ class FakeStream:
     def __aiter__(self) -> AsyncIterator[TokenEvent]:
         return self.events()
 
-    def listen(self, sink: EventSink) -> None:
-        """Push the events to `sink` from a task of their own, as an engine delivers them."""
+    def listen(self, sink: EventSink, direct: DirectSink | None = None) -> None:
+        """Push the events to `sink` from a task of their own, as an engine delivers them (the
+        loop's way: a fake has no engine thread for `direct`)."""
 
         async def push() -> None:
             try:
