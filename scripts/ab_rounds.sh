@@ -6,6 +6,8 @@
 # them). C=1 is C1_N (8) requests x 128 tokens; C=8 is 8 clients x C8_N (3) requests x 64 tokens,
 # started together, or C8_STAGGER_MS apart (`llmd bench --stagger-ms`: the regime of clients that
 # arrive apart; not with serving_ab.sh's in-process runner, which decodes the 8 as one batch).
+# A caller's `round_start R`, when defined, runs before each round's measurements (serving_ab.sh's
+# FRESH=1 starts its daemon afresh there).
 ab_rounds() {
   local rounds=$1 first=$2 second=$3 side sides r
   local c1=(-c 1 -n "${C1_N:-8}" --max-tokens 128) c8=(-c 8 -n "${C8_N:-3}" --max-tokens 64)
@@ -16,6 +18,7 @@ ab_rounds() {
   done
   for r in $(seq 1 "$rounds"); do
     sides="$first $second"; [ $((r % 2)) -eq 0 ] && sides="$second $first"
+    if declare -F round_start > /dev/null; then round_start "$r"; fi
     for side in $sides; do bench "c1-$side-$r" "$side" "${c1[@]}"; done
     for side in $sides; do bench "c8-$side-$r" "$side" "${c8[@]}"; done
   done

@@ -8,8 +8,11 @@
 # after one unmeasured pass of both. The plan is peer_ab.sh's: C=1 C1_N (8) requests x 128 tokens,
 # C=8 8 clients x C8_N (3) requests x 64 tokens (the runner: 8 prompts decoded as one batch, C8_N
 # times), prompts of 64 tokens, --ignore-eos. scripts/peer_ab.py OUTDIR http SIDE prints the ratios.
+# With FRESH=1 the daemon is started afresh before every round (after a warm pass of its own), as
+# each in-process run is: on a shared 2-core host one process's speed can sit 10-20 % off
+# another's for its whole life, and one daemon throughout puts that one draw into every round.
 #   scripts/serving_ab.sh [ROUNDS] [OUTDIR]      MODEL (small demo model), PROFILE (cpu-bf16),
-#                                                AGAINST (inproc: the runner | engine)
+#                                                AGAINST (inproc: the runner | engine), FRESH
 set -u
 ROUNDS=${1:-3}; OUT=${2:-/tmp/serving_ab}; mkdir -p "$OUT"
 TREE=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,10 +26,13 @@ stop() { [ -n "$DAEMON" ] && kill -TERM "$DAEMON" 2> /dev/null && wait "$DAEMON"
 trap stop EXIT
 
 [ -d "$MODEL" ] || (cd "$TREE" && "$PY" -m llmd.cli demo-model "$MODEL" --size small) || exit 1
-(cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
-  --port "$PORT" > "$OUT/serve.log" 2>&1) &
-DAEMON=$!
-for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.2; done
+start() {
+  (cd "$TREE" && exec "$PY" -m llmd.cli serve --model "$MODEL" --served-model-name m --profile "$PROFILE" \
+    --port "$PORT" >> "$OUT/serve.log" 2>&1) &
+  DAEMON=$!
+  for _ in $(seq 1 900); do curl -sf "http://127.0.0.1:$PORT/ready" > /dev/null && break; sleep 0.2; done
+}
+start
 
 bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-process
   local name=$1 side=$2; shift 2
@@ -34,6 +40,13 @@ bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-pro
   [ "$side" = "$AGAINST" ] && target=(--in-process "$MODEL" --profile "$PROFILE" --method "$METHOD")
   (cd "$TREE" && "$PY" -m llmd.cli bench "${target[@]}" --json --ignore-eos "$@" \
     > "$OUT/$name.json" 2> "$OUT/$name.err")
+}
+
+round_start() {  # FRESH=1: a new daemon for every round after the first, warmed as the first was
+  [ -n "${FRESH:-}" ] && [ "$1" -gt 1 ] || return 0
+  stop; start
+  bench "warm-c1-http-$1" http -c 1 -n 1 --max-tokens 128
+  bench "warm-c8-http-$1" http -c 8 -n 1 --max-tokens 64
 }
 
 . "$TREE/scripts/ab_rounds.sh"
