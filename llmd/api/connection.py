@@ -159,7 +159,9 @@ class SocketWriter:
     def open(self) -> bool:
         transport = self._cycle.transport
         sock = transport.get_extra_info("socket")
-        if self._fd is None and not transport.is_closing() and sock is not None:
+        # (a TLS connection's socket carries records, not the body: its chunks go by the loop)
+        if self._fd is None and not transport.is_closing() and sock is not None \
+                and transport.get_extra_info("sslcontext") is None:
             try:
                 self._fd = os.dup(sock.fileno())
             except OSError:  # out of descriptors: this response is written by the loop

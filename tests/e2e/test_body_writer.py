@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import ssl
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
-from llmd.api.connection import connection_protocol
+from llmd.api.connection import SocketWriter, connection_protocol
 from llmd.api.sse import BODY_SOCKET, BODY_WRITER, BodySocket
 from llmd.config import Settings
 from tests.helpers.uvicorn_thread import served_on_loopback
@@ -141,3 +145,34 @@ def dechunked(body: bytes) -> bytes:
             return out
         assert body[size : size + 2] == b"\r\n", "a chunk's frame is broken"
         out, body = out + body[:size], body[size + 2 :]
+
+
+class StubTransport:
+    """What `SocketWriter.open` asks of a transport: its socket, and whether TLS wraps it."""
+
+    def __init__(self, sock: socket.socket, tls: bool) -> None:
+        self.extra = {"socket": sock, "sslcontext": ssl.create_default_context() if tls else None}
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.extra.get(name)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def test_a_tls_connection_is_never_written_around_its_records_and_a_closed_writer_lets_go() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        for tls in (True, False):
+            protocol = SimpleNamespace(socket_writer=None)
+            cycle = SimpleNamespace(transport=StubTransport(left, tls))
+            writer = SocketWriter(cycle, protocol)  # type: ignore[arg-type]
+            assert writer.open() is (not tls) and (protocol.socket_writer is writer) is (not tls)
+            with writer.lock:
+                fd = writer._fd
+                writer.close()
+            if fd is not None:  # the duplicate is closed, the connection's own descriptor is not
+                with pytest.raises(OSError):
+                    os.fstat(fd)
+                os.fstat(left.fileno())
+            assert protocol.socket_writer is None
