@@ -127,13 +127,24 @@ def body_writer(cycle: RequestResponseCycle) -> BodyWriter:
     paused writing; the caller's ASGI send then waits for the client like any other)."""
 
     def write(data: bytes) -> bool:
-        if not cycle.response_started or not cycle.chunked_encoding or cycle.response_complete \
-                or cycle.disconnected or cycle.flow.write_paused:
+        if not body_open(cycle):
             return False
-        cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        cycle.transport.write(chunk_frame(data))
         return True
 
     return write
+
+
+def body_open(cycle: RequestResponseCycle) -> bool:
+    """Whether a chunk may go now: the headers out, the body chunked and not ended, the client
+    there and reading (uvicorn's flow control not paused)."""
+    return bool(cycle.response_started and cycle.chunked_encoding and not cycle.response_complete
+                and not cycle.disconnected and not cycle.flow.write_paused)
+
+
+def chunk_frame(data: bytes) -> bytes:
+    """`data` framed as one chunk of a chunked body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
 class SocketWriter:
@@ -170,15 +181,12 @@ class SocketWriter:
         return self._fd is not None
 
     def ready(self) -> bool:
-        cycle = self._cycle
-        return bool(self._fd is not None and not self._behind and not self._protocol.half_closed \
-            and cycle.response_started and cycle.chunked_encoding and not cycle.response_complete \
-            and not cycle.disconnected and not cycle.flow.write_paused \
-            and cycle.transport.get_write_buffer_size() == 0)
+        return self._fd is not None and not self._behind and not self._protocol.half_closed \
+            and body_open(self._cycle) and self._cycle.transport.get_write_buffer_size() == 0
 
     def write(self, data: bytes) -> None:
         assert self._fd is not None
-        frame = b"%x\r\n%b\r\n" % (len(data), data)
+        frame = chunk_frame(data)
         try:
             written = os.write(self._fd, frame)
         except BlockingIOError:
