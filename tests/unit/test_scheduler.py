@@ -248,8 +248,8 @@ def test_the_chunk_budget_is_the_ceiling_until_a_prompt_token_has_been_priced() 
 def test_dear_prompt_tokens_get_a_chunk_that_costs_the_streams_one_more_decode_step() -> None:
     pace = ChunkPace(32)
     pace.observe(0.028, decoding=7, prefilled=0)
-    pace.observe(0.076, decoding=7, prefilled=32)  # 1.5 ms a prompt token on top of 28 ms
-    assert pace.budget() == 18  # 18 x 1.5 = 27 ms: the step takes about two decode steps
+    pace.observe(0.220, decoding=7, prefilled=32)  # 6 ms a prompt token on top of 28 ms
+    assert pace.budget() == 18  # 18 x 6 = 108 ms: the step takes about five decode steps (STRETCH 4)
     for _ in range(50):  # prompt tokens dearer still: never below a quarter of the ceiling
         pace.observe(0.300, decoding=7, prefilled=18)
     assert pace.budget() == 8
@@ -258,8 +258,8 @@ def test_dear_prompt_tokens_get_a_chunk_that_costs_the_streams_one_more_decode_s
 def test_a_prefill_pass_alone_gives_a_first_price_until_one_beside_the_streams() -> None:
     pace = ChunkPace(32)
     pace.observe(0.016, decoding=1, prefilled=0)
-    pace.observe(0.800, decoding=0, prefilled=400)  # a burst: 2 ms a token, its fixed cost included
-    assert pace.first_price and pace.budget() == 8  # 16 ms / 2 ms, at least a quarter of 32
+    pace.observe(3.200, decoding=0, prefilled=400)  # a burst: 8 ms a token, its fixed cost included
+    assert pace.first_price and pace.budget() == 8  # 4 x 16 ms / 8 ms, at least a quarter of 32
     pace.observe(0.100, decoding=0, prefilled=64)  # a later pass alone replaces a first price
     assert pace.token_seconds == pytest.approx(0.100 / 64)
     pace.observe(0.016 + 0.0005 * 8, decoding=1, prefilled=8)  # beside the stream: 0.5 ms a token
@@ -286,7 +286,7 @@ def test_beside_decoding_streams_the_scheduler_splits_prompts_by_the_paced_budge
     scheduler.add(request("a"))
     run_chunks(scheduler.schedule())
     scheduler.pace.observe(0.028, decoding=1, prefilled=0)
-    scheduler.pace.observe(0.076, decoding=1, prefilled=32)
+    scheduler.pace.observe(0.220, decoding=1, prefilled=32)  # 6 ms a token: 4 x 28 / 6 = 18 a step
     scheduler.add(request("long", prompt_tokens=60))
     chunks = chunks_beside(scheduler, ["a"], steps=3)
     # 18, 18, 18 and a rest of 6 in a step of its own: more than a quarter of the paced 18
