@@ -14,7 +14,7 @@ from llmd.engine.retry_after import recent_mean
 from llmd.engine.types import FinishReason, Request, RequestStatus
 
 # A step that prefills beside decoding streams may take this many of their decode steps' time
-# more (`ChunkPace`): at 4 a newcomer's chunk makes that one gap between their tokens at most five.
+# more (`ChunkPace`): at 4 the gap a newcomer's chunk opens is at most five decode steps long.
 # A CPU step with a chunk runs eager, with a fixed cost over the compiled decode step (small demo
 # model, bfloat16, 7 streams: 5-8 ms decoding alone, 17 ms beside 8 prompt tokens, 18 beside 16, 39
 # beside 64), so a prompt cut small pays that cost once per piece. At 1 a 64-token prompt beside 7

@@ -245,7 +245,7 @@ def test_the_chunk_budget_is_the_ceiling_until_a_prompt_token_has_been_priced() 
     assert pace.budget() == 32  # the decode step alone is known, a prompt token not yet
 
 
-def test_dear_prompt_tokens_get_a_chunk_that_costs_the_streams_one_more_decode_step() -> None:
+def test_dear_prompt_tokens_get_a_chunk_that_costs_the_streams_four_more_decode_steps() -> None:
     pace = ChunkPace(32)
     pace.observe(0.028, decoding=7, prefilled=0)
     pace.observe(0.220, decoding=7, prefilled=32)  # 6 ms a prompt token on top of 28 ms
