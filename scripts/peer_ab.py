@@ -6,6 +6,8 @@ in-process, `http` and `engine`) write one `llmd bench --json` report per load, 
 named LOAD-SIDE-ROUND.json. Issue 17's acceptance reads
 the ratios: C=1 out tok/s >= 0.8x llama-server and C=8 >= 1.0x; HTTP / in-process >= 0.95 at C=1
 and >= 0.9 at C=8. A ratio above 1 means A's figure is the larger (for TTFT and gaps, the worse).
+Where a side's runs kept /metrics scrapes (NAME.metrics-before/-after: serving_ab.sh's daemon), it
+also prints what each step cost the worker beyond its forward pass.
 Usage: python scripts/peer_ab.py OUTDIR [A B]     (default: llmd peer)
 """
 
@@ -55,11 +57,43 @@ def summarize(out: Path, load: str, sides: tuple[str, str]) -> None:
                   f"per round {[round(ratio, 3) for ratio in ratios]}")
 
 
+def engine_seconds(path: Path) -> dict[str, float]:
+    """The `llmd_engine_*` samples of a /metrics scrape (scripts/serving_ab.sh keeps them)."""
+    samples = (line.split() for line in path.read_text().splitlines() if line.startswith("llmd_engine_"))
+    return {name: float(value) for name, value in samples}
+
+
+def serving_share(out: Path, load: str, side: str) -> None:
+    """Per round, what a step cost the daemon's worker beyond its forward pass (detokenizing,
+    framing and writing the tokens), from the /metrics scrapes kept around each run."""
+    shares = []
+    for before in sorted(out.glob(f"{load}-{side}-*.metrics-before")):
+        after = before.with_name(before.name.replace("-before", "-after"))
+        if not after.exists():
+            continue
+        a, b = engine_seconds(before), engine_seconds(after)
+        try:
+            steps = b["llmd_engine_steps_total"] - a["llmd_engine_steps_total"]
+            whole = b["llmd_engine_step_seconds_total"] - a["llmd_engine_step_seconds_total"]
+            forward = b["llmd_engine_forward_seconds_total"] - a["llmd_engine_forward_seconds_total"]
+        except KeyError as exc:
+            print(f"  {before.name}: no {exc} sample")
+            continue
+        if steps > 0 and whole > 0:
+            shares.append((whole - forward) / whole)
+            print(f"  {before.name.split('.')[0]}: {steps:.0f} steps, forward {forward / steps * 1e6:.0f} us "
+                  f"and the rest {(whole - forward) / steps * 1e6:.0f} us a step ({shares[-1]:.1%})")
+    if shares:
+        print(f"  {side}: steps beyond their forward pass, median {statistics.median(shares):.1%}")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     sides = (sys.argv[2], sys.argv[3]) if len(sys.argv) == 4 else SIDES
     for load in LOADS:
         summarize(out, load, sides)
+        for side in sides:
+            serving_share(out, load, side)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
 # per round, for C=1 and then C=8, one run of each side, which goes first alternating by round,
 # after one unmeasured pass of both. The plan is peer_ab.sh's: C=1 C1_N (8) requests x 128 tokens,
 # C=8 8 clients x C8_N (3) requests x 64 tokens (the runner: 8 prompts decoded as one batch, C8_N
-# times), prompts of 64 tokens, --ignore-eos. scripts/peer_ab.py OUTDIR http SIDE prints the ratios.
+# times), prompts of 64 tokens, --ignore-eos. scripts/peer_ab.py OUTDIR http SIDE prints the ratios
+# and, from the daemon's /metrics read around each HTTP run, what a step cost its worker beyond the
+# forward pass: detokenizing, framing and writing the tokens.
 # With FRESH=1 the daemon is started afresh before every round (after a warm pass of its own), as
 # each in-process run is: on a shared 2-core host one process's speed can sit 10-20 % off
 # another's for its whole life, and one daemon throughout puts that one draw into every round.
@@ -34,12 +36,16 @@ start() {
 }
 start
 
+metrics() { curl -sf "http://127.0.0.1:$PORT/metrics" | grep '^llmd_engine_' > "$1"; }
 bench() {  # NAME SIDE ARGS...: one `llmd bench --json` run, over HTTP or in-process
   local name=$1 side=$2; shift 2
   local target=(--base-url "http://127.0.0.1:$PORT/v1")
   [ "$side" = "$AGAINST" ] && target=(--in-process "$MODEL" --profile "$PROFILE" --method "$METHOD")
+  [ "$side" = http ] && metrics "$OUT/$name.metrics-before"
   (cd "$TREE" && "$PY" -m llmd.cli bench "${target[@]}" --json --ignore-eos "$@" \
     > "$OUT/$name.json" 2> "$OUT/$name.err")
+  [ "$side" = http ] && metrics "$OUT/$name.metrics-after"
+  return 0
 }
 
 round_start() {  # FRESH=1: a new daemon for every round after the first, warmed as the first was

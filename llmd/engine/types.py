@@ -283,6 +283,10 @@ class EngineStats:
     # `prefill_chunk_tokens`, fewer where a prompt token is dear (scheduler.ChunkPace); None where
     # the engine does not pace its chunks (vLLM).
     prefill_chunk_tokens: int | None = None
+    # Seconds the engine's steps took, scheduled to delivered, and the part of them in forward
+    # passes (sampling included); None where the engine does not time its steps (vLLM).
+    step_seconds: float | None = None
+    forward_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,10 @@ class EngineWorker:
         self._outputs: dict[str, OutputText] = {}
         self.steps = self.generated_tokens = self.finished = self.aborted = 0
         self.load_seconds = self.warmup_seconds = self.compile_seconds = 0.0
+        # Seconds in steps, and in their forward passes (sampling included): what a step costs
+        # beyond its forward pass (scheduling, detokenizing, framing and writing tokens) is the
+        # difference, the serving share the metrics show.
+        self.step_seconds = self.forward_seconds = 0.0
         # The systemd watchdog's view of this thread: a step that never ends stops the pings.
         self.heartbeat = Heartbeat()
         self.pace = StepPace()  # recent decode step time, read by the client for Retry-After
@@ -132,6 +136,8 @@ class EngineWorker:
             prefix_hits=self.runner.prefix_cache.hits if self.runner else 0,
             prefix_tokens_reused=self.runner.prefix_cache.reused_tokens if self.runner else 0,
             prefill_chunk_tokens=self.scheduler.pace.budget(),
+            step_seconds=self.step_seconds,
+            forward_seconds=self.forward_seconds,
         )
 
     def _post(self, item: Request | str) -> None:
@@ -302,6 +308,7 @@ class EngineWorker:
 
     def _step(self) -> None:
         assert self.runner is not None
+        scheduled = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.idle:
             return
@@ -309,10 +316,11 @@ class EngineWorker:
         # Running streams get their token first; newcomers join the batch after their prefill.
         self.heartbeat.step_started()
         started = time.perf_counter()
-        failed = False
+        failed, forward = False, 0.0
         try:
             chunks = [(chunk.request, chunk.stop) for chunk in plan.prefill]
             result = self.runner.step(plan.decode, chunks)
+            forward = time.perf_counter() - started
         except Exception as exc:  # one failed forward pass must not end the daemon
             log.exception("engine step failed")
             prefilling = [r for chunk in plan.prefill for r in (chunk.request, *chunk.request.followers)]
@@ -329,6 +337,9 @@ class EngineWorker:
                                         sum(chunk.stop - chunk.start for chunk in plan.prefill))
         self.steps += 1
         self.hooks.deliver(events)
+        # The whole first, then its part: a snapshot between the two still has forward <= whole.
+        self.step_seconds += time.perf_counter() - scheduled
+        self.forward_seconds += forward
 
     def _collect(self, decode: list[Request], prefilled: list[Request], result: StepResult,
                  events: list[tuple[str, TokenEvent]]) -> None:

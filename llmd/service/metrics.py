@@ -214,6 +214,17 @@ class EngineCollector:
                      "prefill_chunk_tokens, fewer where a prompt token costs the streams more (native "
                      "engine only).",
                      stats.prefill_chunk_tokens if stats else None)
+        yield _counter("llmd_engine_steps_total",
+                       "Steps the engine ran: one forward pass each, a token for every decoding stream "
+                       "and any prompt chunk beside them.", stats.steps if stats else None)
+        yield _counter("llmd_engine_step_seconds_total",
+                       "Seconds of engine steps, scheduled to delivered: the forward pass, then "
+                       "detokenizing and handing each token to its stream (native engine only).",
+                       stats.step_seconds if stats else None)
+        yield _counter("llmd_engine_forward_seconds_total",
+                       "The part of llmd_engine_step_seconds_total in forward passes and sampling; the "
+                       "rest is what serving the tokens costs the worker (native engine only).",
+                       stats.forward_seconds if stats else None)
         yield _gauge("llmd_gpu_memory_used_bytes",
                      "GPU memory llmd holds on the serving device (CUDA allocator reserved; CUDA only).",
                      memory[0] if memory else None)

@@ -25,7 +25,8 @@ def test_health_ready_stats_and_models() -> None:
     assert ready.status_code == 200 and ready.json() == {"status": "ready"}
     assert stats == {"steps": 3, "running": 0, "waiting": 0, "finished": 1, "aborted": 0,
                      "generated_tokens": 12, "prefix_hits": 0, "prefix_tokens_reused": 0, "preemptions": 0,
-                     "kv_cache_usage": None, "prefill_chunk_tokens": None}
+                     "kv_cache_usage": None, "prefill_chunk_tokens": None, "step_seconds": None,
+                     "forward_seconds": None}
     assert [(m.id, m.owned_by, m.object) for m in models.data] == [(MODEL, "llmd", "model")]
 
 

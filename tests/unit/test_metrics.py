@@ -161,10 +161,22 @@ def test_the_chunk_budget_gauge_has_a_sample_only_from_an_engine_that_paces_its_
     assert paced[("llmd_prefill_chunk_tokens", ())] == 14
 
 
+def test_the_step_time_counters_have_samples_only_from_an_engine_that_times_its_steps() -> None:
+    untimed = scrape(Metrics(engine_stats=stats))  # vLLM: steps counted, not timed
+    assert ("llmd_engine_step_seconds_total", ()) not in untimed
+    assert ("llmd_engine_forward_seconds_total", ()) not in untimed
+    timed_stats = replace(stats(), steps=40, step_seconds=2.5, forward_seconds=2.25)
+    timed = scrape(Metrics(engine_stats=lambda: timed_stats))
+    assert timed[("llmd_engine_steps_total", ())] == 40
+    assert timed[("llmd_engine_step_seconds_total", ())] == 2.5
+    assert timed[("llmd_engine_forward_seconds_total", ())] == 2.25
+
+
 HISTOGRAMS = ("llmd_time_to_first_token_seconds", "llmd_inter_token_latency_seconds",
               "llmd_request_duration_seconds", "llmd_queue_wait_seconds")
 COUNTERS = ("llmd_prompt_tokens", "llmd_completion_tokens", "llmd_requests", "llmd_errors",
-            "llmd_prefix_cache_hits", "llmd_prefix_cache_tokens_reused", "llmd_preemptions")
+            "llmd_prefix_cache_hits", "llmd_prefix_cache_tokens_reused", "llmd_preemptions",
+            "llmd_engine_steps", "llmd_engine_step_seconds", "llmd_engine_forward_seconds")
 GAUGES = ("llmd_requests_running", "llmd_requests_waiting", "llmd_model_load_seconds", "llmd_warmup_seconds",
           "llmd_gpu_memory_used_bytes", "llmd_gpu_memory_total_bytes", "llmd_kv_cache_usage_ratio",
           "llmd_prefill_chunk_tokens")
@@ -172,7 +184,8 @@ GAUGES = ("llmd_requests_running", "llmd_requests_waiting", "llmd_model_load_sec
 
 def test_metric_types() -> None:
     # the KV gauge has a sample only from vLLM, the chunk budget only from the native engine
-    pooled = replace(stats(), kv_cache_usage=0.5, prefill_chunk_tokens=32)
+    pooled = replace(stats(), kv_cache_usage=0.5, prefill_chunk_tokens=32, step_seconds=1.0,
+                     forward_seconds=0.5)
     kinds = families(Metrics(engine_stats=lambda: pooled, gpu_memory=lambda: (1, 2)))
     expected = {**dict.fromkeys(HISTOGRAMS, "histogram"), **dict.fromkeys(COUNTERS, "counter"),
                 **dict.fromkeys(GAUGES, "gauge")}
