@@ -19,8 +19,8 @@ def test_steps_are_timed_whole_and_in_their_forward_pass(tiny_model: Path) -> No
         started = time.perf_counter()
         with engine.submit(prompt, greedy(12, ignore_eos=True)) as stream:
             assert len([event async for event in stream]) == 12
+        after = worker.stats()  # then the clock: every step counted in it ended before
         wall = time.perf_counter() - started
-        after = worker.stats()
         assert after.step_seconds is not None and after.forward_seconds is not None
         assert after.steps - before.steps >= 12  # a prefill, then a step per further token
         forward = after.forward_seconds - before.forward_seconds
