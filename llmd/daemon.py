@@ -76,7 +76,7 @@ async def serve(settings: Settings, profile: Profile, model_dir: str, model_id: 
     server = DaemonServer(uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=5,
-        http=connection_protocol(settings),  # httptools with llmd's limits: see api/connection.py
+        http=connection_protocol(settings, engine.arrival),  # httptools with llmd's limits: api/connection.py
     ), drain, stop_now)
 
     def report_phase(phase: str) -> None:  # loading, compiling, warming up; READY=1 says the rest

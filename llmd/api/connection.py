@@ -11,6 +11,8 @@ connections until the descriptors run out. This protocol adds, per connection:
 - a client that half-closes after its request still gets the whole response;
 - an HTTP/1.0 response without Content-Length is close-delimited, never chunked;
 - every error the connection itself sends is in the OpenAI shape;
+- a request counts as arriving at the engine from its connection's accept or its first byte
+  (`engine.burst.Arrival`), so an idle engine gathering a burst sees requests not yet parsed;
 - an HTTP/1.1 request's scope offers the `BODY_WRITER` extension (api/sse.py): a streamed
   response writes each event to the socket from the callback that makes it, not by ASGI message,
   or from the engine's thread (`SocketWriter`), waking no event loop.
@@ -28,6 +30,7 @@ import logging
 import os
 import resource
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -38,6 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from llmd.api.errors import error_body
 from llmd.api.sse import BODY_SOCKET, BODY_WRITER, BodyWriter
 from llmd.config import Settings
+from llmd.engine.burst import BOUND_SECONDS, Arrival, carry
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 
 log = logging.getLogger("llmd.api")
@@ -92,6 +96,18 @@ def refusal_app(error: LlmdError) -> ASGI3Application:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     return refuse
+
+
+def carried(app: ASGI3Application, arrival: Arrival) -> ASGI3Application:
+    """`app` serving the request `arrival` counts: its encode takes the count over, else its end ends it."""
+    async def run(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        carry(arrival)
+        try:
+            await app(scope, receive, send)
+        finally:
+            arrival.end()
+
+    return run
 
 
 def close_delimited(app: ASGI3Application, cycle: RequestResponseCycle) -> ASGI3Application:
@@ -220,6 +236,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, held to `limits` (see the module docstring)."""
 
     limits: ClassVar[ConnectionLimits]
+    arrivals: ClassVar[Callable[[], Arrival] | None] = None  # the engine's count of requests on their way
+    arrival: Arrival | None = None  # this connection's request being read, or the connection itself
+    arrival_bound_s: ClassVar[float] = BOUND_SECONDS  # counted no longer than a gathering waits
     phase: Phase = "idle"
     head_bytes = 0
     deadline: asyncio.TimerHandle | None = None
@@ -232,10 +251,25 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self.over_limit = len(self.connections) > self.limits.max_connections
         self._arm(self.limits.header_timeout)  # a connection that never sends a byte is closed too
+        self._arriving()  # clients that start together open connections together
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._arrived()
         super().connection_lost(exc)
+
+    def _arriving(self) -> None:
+        """Count what this connection reads next as a request arriving, for `arrival_bound_s` at most."""
+        arrivals = type(self).arrivals  # read off the class: a function there is no method
+        if arrivals is not None and (self.arrival is None or not self.arrival.counted):
+            self.arrival = arrivals()
+            self.loop.call_later(self.arrival_bound_s, self.arrival.end)
+
+    def _arrived(self) -> None:
+        """This connection's request will not reach an encode: no longer count it."""
+        arrival, self.arrival = self.arrival, None
+        if arrival is not None:
+            arrival.end()
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
@@ -291,6 +325,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self.phase = "head"
+        self._arriving()
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
@@ -309,6 +344,11 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        arrival, self.arrival = self.arrival, None
+        if arrival is not None and cycle.scope["method"] == "POST" and not self.over_limit:
+            app = carried(app, arrival)  # every POST generates; its encode takes the count over
+        elif arrival is not None:
+            arrival.end()
         if self.over_limit:
             app = refusal_app(Overloaded(f"more than {self.limits.max_connections} connections are "
                                          "open; retry shortly", retry_after=1, code="too_many_connections"))
@@ -325,6 +365,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return
         log.info("%s: %s %s", self._peer(), error.status, error.message)
         self.lingering = True
+        self._arrived()
         self._disarm()
         self.transport.write(raw_response(error, self.server_state.default_headers))
         self.transport.write_eof()
@@ -356,10 +397,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         return f"{self.client[0]}:{self.client[1]}" if self.client else "client"
 
 
-def connection_protocol(settings: Settings) -> type[LimitedHttpProtocol]:
-    """The protocol class for `uvicorn.Config(http=...)`, carrying the settings' limits.
+def connection_protocol(settings: Settings, arrivals: Callable[[], Arrival] | None = None
+                        ) -> type[LimitedHttpProtocol]:
+    """The protocol class for `uvicorn.Config(http=...)`, carrying the settings' limits and the
+    engine's count of requests on their way (`arrivals`: `ServedEngine.arrival`).
 
-    uvicorn builds one protocol per connection and passes it no options of ours, so the limits
+    uvicorn builds one protocol per connection and passes it no options of ours, so they
     ride on a subclass. The soft descriptor limit is raised to the hard one first, and
     `max_connections` is held under it, so connections cannot take the descriptors the
     daemon itself needs.
@@ -369,7 +412,7 @@ def connection_protocol(settings: Settings) -> type[LimitedHttpProtocol]:
     if limits.max_connections < settings.max_connections:
         log.warning("max_connections %d lowered to %d: the descriptor limit (ulimit -n) is %d",
                     settings.max_connections, limits.max_connections, limits.max_connections + FD_RESERVE)
-    return type("LlmdHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
+    return type("LlmdHttpProtocol", (LimitedHttpProtocol,), {"limits": limits, "arrivals": arrivals})
 
 
 def connection_room() -> int:

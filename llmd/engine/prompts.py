@@ -4,7 +4,8 @@ The native `EngineClient` and the vLLM engine both render chat templates, encode
 `/infill` prompts, budget the context and compile grammars through `PromptSide`, so a request
 becomes the same token ids whichever engine serves it. What differs is asked of the engine behind:
 the width of its logits (`vocab_size`), the ids it ends at (`eos_token_ids`), and whether it
-counts prompts still encoding (`_arriving`: the native worker waits for a burst's stragglers).
+counts requests on their way (`_arriving`: the native worker waits for a burst's stragglers):
+`arrival` while a request is read, its encode after.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from llmd.engine.burst import Arrival, hand_over
 from llmd.engine.grammar import SharedGrammars
 from llmd.engine.prompt_limits import LARGE_PROMPT_CHARS, LARGE_PROMPT_SLOTS, release_free_memory, text_length
 from llmd.engine.token_bytes import TokenScores
@@ -112,7 +114,11 @@ class PromptSide:
         return frozenset() if self._tokenizer is None else self._tokenizer.eos_token_ids
 
     def _arriving(self, change: int) -> None:
-        """A prompt begins (+1) or ends (-1) encoding; an engine that batches bursts counts them."""
+        """A request is on its way (+1) or submitted or gone (-1); an engine gathering bursts counts it."""
+
+    def arrival(self) -> Arrival:
+        """A request being read, counted as arriving until its prompt encodes (`burst.Arrival`)."""
+        return Arrival(self._arriving)
 
     async def encode_chat(self, messages: list[dict[str, Any]], template: TemplateOptions = DEFAULT_TEMPLATE
                           ) -> list[int]:
@@ -144,6 +150,7 @@ class PromptSide:
         assert self._loop is not None, "start() first"
         async with self._large_prompt_slots if large else contextlib.nullcontext():
             self._arriving(+1)
+            hand_over()  # counted from here by this encode, not also as read
             try:
                 return await asyncio.to_thread(self._encode_and_release, encode, args, large)
             finally:

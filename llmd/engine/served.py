@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
+from llmd.engine.burst import Arrival
 from llmd.engine.client import Engine
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.stream import GenerationStream
@@ -22,6 +23,10 @@ class ServedEngine(Engine, Protocol):
     failed: asyncio.Future[BaseException] | None  # set with what stopped the engine for good
     observers: list[Callable[[GenerationStream], None]]  # told of each stream as it closes
     phase_listeners: list[Callable[[str], None]]  # told of each start-up phase
+
+    def arrival(self) -> Arrival:
+        """Count a request being read as arriving, until its prompt encodes (`burst.Arrival`)."""
+        ...
 
     async def start(self) -> None:
         """Begin loading; returns at once (then `ready` or `failed`)."""

@@ -72,7 +72,7 @@ class EngineWorker:
                                    profile.lone_prefill_tokens)
         self._inbox: deque[Request | str] = deque()
         self._wakeup = threading.Condition()
-        self._arriving = 0  # requests being tokenized that will be submitted next
+        self._arriving = 0  # requests being read or tokenized that will be submitted next
         self.burst = BurstGate(profile.burst_window_ms / 1000)  # when an idle wake gathers a burst
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmd-worker", daemon=True)

@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from transformers import AutoModelForCausalLM
 
 from llmd.bench.decoder import InProcessDecoder
+from llmd.engine.burst import Arrival, carry
 from llmd.engine.client import EngineClient
 from llmd.engine.model.dynamic_batch import DynamicDecodeBatch
 from llmd.engine.model.runner import ModelRunner
@@ -23,6 +24,7 @@ from llmd.engine.worker import EngineWorker
 from llmd.errors import ContextLengthExceeded, EngineFailure, Overloaded
 from tests.helpers.configs import eager_profile
 from tests.helpers.engine import PROMPT, greedy, record_logits, run_with_engine, staggered_batch, text_of
+from tests.helpers.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -189,6 +191,33 @@ def test_lone_requests_turn_the_burst_window_off(tiny_model: Path) -> None:
             with engine.submit(prompt, greedy(3)) as alone:
                 assert [e.completion_tokens async for e in alone][-1] == 3
         assert not gate.bursty and gate.quiet_s() == 0.0
+
+    run_with_engine(tiny_model, body, burst_window_ms=2000.0)
+
+
+def test_a_request_still_being_read_joins_the_first_prefill_after_lone_requests(tiny_model: Path) -> None:
+    """A request counts as arriving while its connection reads it (`arrival`, handed over to its
+    encode): after lone requests, with no quiet window in force, the worker still waits for it
+    instead of prefilling the request already here alone."""
+    async def one(engine: EngineClient, k: int, read: Arrival | None = None) -> list[int]:
+        if read is not None:
+            carry(read)  # this task serves the request that connection was reading
+        prompt = await engine.encode_chat([{"role": "user", "content": f"question {k}"}])
+        with engine.submit(prompt, greedy(3)) as stream:
+            return [event.completion_tokens async for event in stream]
+
+    async def body(engine: EngineClient, worker: EngineWorker) -> None:
+        for k in range(2):
+            await one(engine, k)
+        assert not worker.burst.bursty  # lone wakes: only requests on their way are waited for
+        worker.burst.bound_s = 30.0  # generous: a loaded CI machine must not flake
+        read = engine.arrival()  # another client's request, still on the wire
+        before = engine.stats().steps
+        first = asyncio.create_task(one(engine, 2))
+        await asyncio.to_thread(wait_until, "the first request held at the worker", lambda: worker._inbox)
+        assert await one(engine, 3, read) == await first == [1, 2, 3]
+        assert engine.stats().steps - before == 3  # one step prefilled both, two decoded them
+        assert not read.counted
 
     run_with_engine(tiny_model, body, burst_window_ms=2000.0)
 

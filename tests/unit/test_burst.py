@@ -1,10 +1,13 @@
-"""The burst gate's verdicts on a fake clock, and the gathering's waits (pure, milliseconds)."""
+"""The burst gate's verdicts on a fake clock, the gathering's waits, and how a request being read
+is counted until its encode takes over (pure, milliseconds)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from llmd.engine.burst import BurstGate, gather_wait
+from llmd.engine.burst import Arrival, BurstGate, carry, gather_wait, hand_over
 
 
 class FakeClock:
@@ -68,3 +71,49 @@ def test_exactly_at_the_bound_still_counts_as_together() -> None:
 ])
 def test_gather_wait(left: float, arriving: int, quiet: float, changed: bool, expected: float | None) -> None:
     assert gather_wait(left, arriving, quiet, changed) == expected
+
+
+class Count:
+    """What an engine's `_arriving` receives: the running total and every change."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.changes: list[int] = []
+
+    def __call__(self, change: int) -> None:
+        self.total += change
+        self.changes.append(change)
+
+
+def test_an_arrival_is_counted_once_and_ended_once() -> None:
+    count = Count()
+    arrival = Arrival(count)
+    assert count.total == 1 and arrival.counted
+    arrival.end()
+    arrival.end()  # its encode, then its handler's end: the second changes nothing
+    assert count.changes == [+1, -1] and not arrival.counted
+
+
+def test_an_encode_hands_over_only_the_arrival_its_own_task_carries() -> None:
+    count = Count()
+
+    async def main() -> None:
+        hand_over()  # nothing carried: nothing ended
+        first, second = Arrival(count), Arrival(count)
+        started = asyncio.Event()
+
+        async def serve(arrival: Arrival, encodes: bool) -> None:
+            carry(arrival)
+            await started.wait()
+            if encodes:
+                hand_over()
+
+        tasks = [asyncio.create_task(serve(first, True)), asyncio.create_task(serve(second, False))]
+        await asyncio.sleep(0)
+        started.set()
+        await asyncio.gather(*tasks)
+        assert not first.counted and second.counted and count.total == 1
+        hand_over()  # the tasks' context, not this one's, held them
+        assert second.counted
+
+    asyncio.run(main())
