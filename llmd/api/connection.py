@@ -41,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from llmd.api.errors import error_body
 from llmd.api.sse import BODY_SOCKET, BODY_WRITER, BodyWriter
 from llmd.config import Settings
-from llmd.engine.burst import BOUND_SECONDS, Arrival, carry
+from llmd.engine.client import ARRIVAL_BOUND_SECONDS, Arrival, carry
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 
 log = logging.getLogger("llmd.api")
@@ -238,7 +238,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     arrivals: ClassVar[Callable[[], Arrival] | None] = None  # the engine's count of requests on their way
     arrival: Arrival | None = None  # this connection's request being read, or the connection itself
-    arrival_bound_s: ClassVar[float] = BOUND_SECONDS  # counted no longer than a gathering waits
+    arrival_bound_s: ClassVar[float] = ARRIVAL_BOUND_SECONDS  # counted no longer than a gathering waits
     phase: Phase = "idle"
     head_bytes = 0
     deadline: asyncio.TimerHandle | None = None

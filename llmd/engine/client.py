@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
+from llmd.engine.burst import BOUND_SECONDS, Arrival, carry
 from llmd.engine.front import EngineFront
 from llmd.engine.heartbeat import Heartbeat
 from llmd.engine.stream import DirectSink, EventSink, GenerationStream
@@ -33,6 +34,11 @@ from llmd.engine.types import (
 from llmd.engine.worker import EngineWorker, WorkerHooks
 
 log = logging.getLogger("llmd.engine")
+
+# What the HTTP connection uses to count a request on its way to the engine before its handler
+# runs (api/connection.py; `ServedEngine.arrival` makes one): it carries the count to the encode.
+ARRIVAL_BOUND_SECONDS = BOUND_SECONDS  # the most a request counts before its encode: a gathering's bound
+__all__ = ["ARRIVAL_BOUND_SECONDS", "Arrival", "Engine", "EngineClient", "TokenStream", "carry"]
 
 
 class TokenStream(Protocol):
