@@ -7,13 +7,16 @@ named LOAD-SIDE-ROUND.json. Issue 17's acceptance reads
 the ratios: C=1 out tok/s >= 0.8x llama-server and C=8 >= 1.0x; HTTP / in-process >= 0.95 at C=1
 and >= 0.9 at C=8. A ratio above 1 means A's figure is the larger (for TTFT and gaps, the worse).
 Where a side's runs kept /metrics scrapes (NAME.metrics-before/-after: serving_ab.sh's daemon), it
-also prints what each step cost the worker beyond its forward pass.
+also prints what each step cost the worker beyond its forward pass, beside the CPU the measuring
+client spent per token (its report's note): on a host with few cores that CPU is taken from the
+server's, a cost the in-process side never pays.
 Usage: python scripts/peer_ab.py OUTDIR [A B]     (default: llmd peer)
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -63,6 +66,17 @@ def engine_seconds(path: Path) -> dict[str, float]:
     return {name: float(value) for name, value in samples}
 
 
+def client_us_per_token(report: Path) -> float | None:
+    """The measuring client's CPU per completion token (`llmd bench`'s note), in microseconds."""
+    try:
+        notes = json.loads(report.read_text())["notes"]
+    except (OSError, ValueError, KeyError):
+        return None
+    said = re.compile(r"client CPU while measuring: .*?([0-9.]+) ms per completion token")
+    found = (said.search(note) for note in notes)
+    return next((float(match.group(1)) * 1000 for match in found if match), None)
+
+
 def serving_share(out: Path, load: str, side: str) -> None:
     """Per round, what a step cost the daemon's worker beyond its forward pass (detokenizing,
     framing and writing the tokens), from the /metrics scrapes kept around each run."""
@@ -81,8 +95,11 @@ def serving_share(out: Path, load: str, side: str) -> None:
             continue
         if steps > 0 and whole > 0:
             shares.append((whole - forward) / whole)
-            print(f"  {before.name.split('.')[0]}: {steps:.0f} steps, forward {forward / steps * 1e6:.0f} us "
-                  f"and the rest {(whole - forward) / steps * 1e6:.0f} us a step ({shares[-1]:.1%})")
+            name = before.name.split(".")[0]
+            client = client_us_per_token(out / f"{name}.json")
+            said = "" if client is None else f"; the client's CPU {client:.0f} us a token"
+            print(f"  {name}: {steps:.0f} steps, forward {forward / steps * 1e6:.0f} us "
+                  f"and the rest {(whole - forward) / steps * 1e6:.0f} us a step ({shares[-1]:.1%}){said}")
     if shares:
         print(f"  {side}: steps beyond their forward pass, median {statistics.median(shares):.1%}")
 
