@@ -75,7 +75,7 @@ class HostCheck:
         self._names = {self._bound, "localhost"} | {e for e in entries if not e.startswith(".")}
         self._suffixes = (".localhost", *(e for e in entries if e.startswith(".")))
 
-    def __call__(self, connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    async def __call__(self, connection: ASGIConnection, handler: BaseRouteHandler) -> None:
         header = connection.headers.get("host", "")
         if not self.allows(header):
             name = host_name(header)
@@ -102,7 +102,7 @@ def media_type(header: str | None) -> str:
     return (header or "").partition(";")[0].strip().lower()
 
 
-def require_json(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+async def require_json(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
     """A Litestar guard: every POST body is declared JSON, which a page cannot send unasked."""
     if connection.scope.get("method") != "POST":
         return
@@ -120,7 +120,7 @@ class KeyCheck:
         self._keys = [key.encode() for key in sorted(keys)]
         self._protect_metrics = protect_metrics
 
-    def __call__(self, connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    async def __call__(self, connection: ASGIConnection, handler: BaseRouteHandler) -> None:
         # OPTIONS answers only which methods a route has (and browsers never send keys on
         # a preflight); refusing it would break CORS without protecting anything.
         if not self._keys or handler.opt.get(OPEN) or connection.scope.get("method") == "OPTIONS":

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 from litestar.testing import TestClient
+from litestar.utils.sync import AsyncCallable
 
 from llmd.config import Settings
 from tests.helpers.api_client import CHAT, openai_error, post_chat, sdk, served
@@ -199,3 +200,19 @@ def test_a_post_body_not_typed_as_json_is_415(headers: dict[str, str]) -> None:
 def test_json_with_or_without_parameters_is_served(value: str) -> None:
     with served() as client:
         assert post_raw(client, {"Content-Type": value}).status_code == 200
+
+
+# --- cost ---------------------------------------------------------------------------------------
+
+
+def test_every_guard_runs_on_the_event_loop_not_in_a_thread() -> None:
+    """Litestar runs a synchronous guard in its thread pool: three guards were three thread hops
+    a request, before the handler, on a host whose cores the forward pass holds."""
+    with served(keys=KEYS) as client:
+        routes = client.app.routes
+        handlers = [handler for route in routes for handler in getattr(route, "route_handlers", [])]
+        assert handlers
+        for handler in handlers:
+            guards = handler.resolve_guards()
+            assert len(guards) == 3
+            assert not [guard for guard in guards if isinstance(guard, AsyncCallable)], handler
