@@ -41,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from llmd.api.errors import error_body
 from llmd.api.sse import BODY_SOCKET, BODY_WRITER, BodyWriter
 from llmd.config import Settings
-from llmd.engine.client import ARRIVAL_BOUND_SECONDS, Arrival, carry
+from llmd.engine.client import BOUND_SECONDS, Arrival, carry
 from llmd.errors import HeaderTooLarge, InvalidRequest, LlmdError, Overloaded, RequestTimeout
 
 log = logging.getLogger("llmd.api")
@@ -238,7 +238,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits]
     arrivals: ClassVar[Callable[[], Arrival] | None] = None  # the engine's count of requests on their way
     arrival: Arrival | None = None  # this connection's request being read, or the connection itself
-    arrival_bound_s: ClassVar[float] = ARRIVAL_BOUND_SECONDS  # counted no longer than a gathering waits
+    arrival_bound_s: ClassVar[float] = BOUND_SECONDS  # counted no longer than a gathering waits
     phase: Phase = "idle"
     head_bytes = 0
     deadline: asyncio.TimerHandle | None = None
@@ -266,7 +266,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.loop.call_later(self.arrival_bound_s, self.arrival.end)
 
     def _arrived(self) -> None:
-        """This connection's request will not reach an encode: no longer count it."""
+        """This connection's request (if still counted here) will not reach an encode: no longer count it."""
         arrival, self.arrival = self.arrival, None
         if arrival is not None:
             arrival.end()
@@ -344,11 +344,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
-        arrival, self.arrival = self.arrival, None
-        if arrival is not None and cycle.scope["method"] == "POST" and not self.over_limit:
-            app = carried(app, arrival)  # every POST generates; its encode takes the count over
-        elif arrival is not None:
-            arrival.end()
+        if self.arrival is not None and cycle.scope["method"] == "POST" and not self.over_limit:
+            app, self.arrival = carried(app, self.arrival), None  # every POST generates: its encode counts on
+        self._arrived()  # anything else is counted no longer
         if self.over_limit:
             app = refusal_app(Overloaded(f"more than {self.limits.max_connections} connections are "
                                          "open; retry shortly", retry_after=1, code="too_many_connections"))

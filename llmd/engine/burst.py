@@ -4,10 +4,11 @@ the count of requests on their way that it waits for.
 Clients that start together reach the worker milliseconds apart. Prefilling the first alone
 leaves the rest to join in chunks beside its decode, and the batch stays staggered for the
 whole run. So an engine woken from idle first waits, bounded, for requests still on their
-way (being read or tokenized) and, with the profile's `burst_window_ms`, until none has arrived for that long.
-Nobody is decoding during that wait. The quiet window is waited out only when requests came
-together the last time the engine woke (two or more admitted soon after the wake), or
-before any, so lone requests (an editor's completions, a script's calls) do not pay it.
+way (being read or tokenized) and, with the profile's `burst_window_ms`, until none has
+arrived for that long. Nobody is decoding during that wait. The quiet window is waited out
+only when requests came together the last time the engine woke (two or more admitted soon
+after the wake), or before any, so lone requests (an editor's completions, a script's calls)
+do not pay it.
 
 A request counts as arriving from its connection's accept or its first byte (`Arrival`, made
 by the HTTP protocol), not only once its prompt is encoding: a client pool that sends its first

@@ -35,10 +35,10 @@ from llmd.engine.worker import EngineWorker, WorkerHooks
 
 log = logging.getLogger("llmd.engine")
 
-# What the HTTP connection uses to count a request on its way to the engine before its handler
-# runs (api/connection.py; `ServedEngine.arrival` makes one): it carries the count to the encode.
-ARRIVAL_BOUND_SECONDS = BOUND_SECONDS  # the most a request counts before its encode: a gathering's bound
-__all__ = ["ARRIVAL_BOUND_SECONDS", "Arrival", "Engine", "EngineClient", "TokenStream", "carry"]
+# Re-exported for the HTTP connection, which counts a request on its way to the engine before its
+# handler runs (api/connection.py; `ServedEngine.arrival` makes one, for `BOUND_SECONDS` at most)
+# and carries the count to the encode.
+__all__ = ["BOUND_SECONDS", "Arrival", "Engine", "EngineClient", "TokenStream", "carry"]
 
 
 class TokenStream(Protocol):
